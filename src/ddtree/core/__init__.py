@@ -1,0 +1,1 @@
+"""Model-free DDTree algorithms: tree build, retrieve encoding, tree attention, verification."""

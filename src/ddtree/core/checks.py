@@ -1,0 +1,39 @@
+"""Input validation shared by the core functions: every failure names the argument."""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_tensor(
+    name: str,
+    value: object,
+    *,
+    ndim: int | None = None,
+    floating: bool | None = None,
+    finite: bool = False,
+) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if ndim is not None and value.dim() != ndim:
+        raise ValueError(f"{name} must have rank {ndim}, got shape {tuple(value.shape)}")
+    if floating is True and not value.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+    if finite and not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{name} contains non-finite values (nan or inf)")
+    return value
+
+
+def check_same_device(name: str, value: torch.Tensor, reference_name: str, reference: torch.Tensor) -> None:
+    if value.device != reference.device:
+        raise ValueError(
+            f"{name} is on {value.device} but {reference_name} is on {reference.device}; move them to one device"
+        )
+
+
+def check_dim(name: str, value: torch.Tensor, dim: int, expected: int, what: str) -> None:
+    if value.shape[dim] != expected:
+        raise ValueError(
+            f"{name} has size {value.shape[dim]} in dimension {dim} but {what} is {expected} "
+            f"(shape {tuple(value.shape)})"
+        )

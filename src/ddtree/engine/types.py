@@ -1,0 +1,37 @@
+"""Requests and per-request records exchanged between the engine, the server and the benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+METHODS = ("ar", "dflash", "ddtree")
+STAGES = ("draft", "tree_build", "tree_compile", "verify", "commit")
+
+
+@dataclass
+class GenerationRequest:
+    input_ids: list[int]
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = -1  # <= 0: no top-k
+    top_p: float = 1.0  # in (0, 1]
+    stop_token_ids: list[int] = field(default_factory=list)
+    stop_strings: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class GenerationOutput:
+    output_ids: list[int]
+    finish_reason: str  # "length" | "stop"
+    rounds: int  # verify rounds (for "ar": decode steps)
+    accept_lens: list[int]  # per round, accepted draft tokens (bonus excluded)
+    expected_accept_lens: list[float]  # per round, exact expectation of accept_len
+    stage_times: dict[str, float]  # seconds summed over rounds, keys = STAGES
+    ttft: float  # seconds, prefill + first token
+    decode_time: float  # seconds after the first token
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per round including the bonus."""
+        return (sum(self.accept_lens) + len(self.accept_lens)) / max(len(self.accept_lens), 1)

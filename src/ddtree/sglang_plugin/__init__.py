@@ -1,0 +1,1 @@
+"""ddtree.sglang_plugin"""
