@@ -1,1 +1,0 @@
-"""ddtree.sglang_plugin"""
