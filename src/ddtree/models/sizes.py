@@ -1,0 +1,118 @@
+"""Size presets of the embedded pair (architecture + training budgets) and config builders."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PairSize:
+    name: str
+    vocab_size: int
+    # target (Qwen3ForCausalLM)
+    hidden_size: int
+    target_layers: int
+    target_intermediate: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    # drafter (hidden size = the target's, it borrows embed_tokens / lm_head)
+    drafter_layers: int
+    drafter_intermediate: int
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+    # training
+    seq_len: int
+    target_batch: int
+    target_lr: float
+    target_minutes: float
+    target_max_steps: int
+    drafter_batch: int
+    drafter_anchors: int  # blocks per training sequence
+    drafter_lr: float
+    drafter_minutes: float
+    drafter_max_steps: int
+    corpus_max_train_bytes: int | None  # None = the whole train split
+    tokenizer_max_bytes: int | None
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10_000.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+SIZES: dict[str, PairSize] = {
+    "tiny": PairSize(
+        name="tiny", vocab_size=512, hidden_size=64, target_layers=2, target_intermediate=192, num_heads=4,
+        num_kv_heads=2, head_dim=16, drafter_layers=1, drafter_intermediate=192, block_size=8,
+        target_layer_ids=(0, 1), seq_len=128, target_batch=16, target_lr=3e-3, target_minutes=0.25,
+        target_max_steps=120, drafter_batch=8, drafter_anchors=8, drafter_lr=3e-3, drafter_minutes=0.25,
+        drafter_max_steps=120, corpus_max_train_bytes=600_000, tokenizer_max_bytes=300_000,
+        max_position_embeddings=1024,
+    ),
+    "small": PairSize(
+        name="small", vocab_size=2048, hidden_size=192, target_layers=4, target_intermediate=512, num_heads=6,
+        num_kv_heads=2, head_dim=32, drafter_layers=2, drafter_intermediate=512, block_size=8,
+        target_layer_ids=(0, 1, 2, 3), seq_len=192, target_batch=16, target_lr=2e-3, target_minutes=3.0,
+        target_max_steps=100_000, drafter_batch=8, drafter_anchors=16, drafter_lr=2e-3, drafter_minutes=2.75,
+        drafter_max_steps=100_000, corpus_max_train_bytes=None, tokenizer_max_bytes=4_000_000,
+    ),
+    "large": PairSize(
+        name="large", vocab_size=4096, hidden_size=512, target_layers=8, target_intermediate=1536, num_heads=8,
+        num_kv_heads=4, head_dim=64, drafter_layers=3, drafter_intermediate=1536, block_size=16,
+        target_layer_ids=(1, 3, 5, 7), seq_len=256, target_batch=64, target_lr=1e-3, target_minutes=6.0,
+        target_max_steps=100_000, drafter_batch=32, drafter_anchors=16, drafter_lr=1e-3, drafter_minutes=6.0,
+        drafter_max_steps=100_000, corpus_max_train_bytes=None, tokenizer_max_bytes=None,
+    ),
+}
+
+
+def get_size(name: str) -> PairSize:
+    if name not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {name!r}")
+    return SIZES[name]
+
+
+def target_config(size: PairSize, vocab_size: int, eos_token_id: int):
+    """A transformers Qwen3Config for the target."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=size.hidden_size,
+        intermediate_size=size.target_intermediate,
+        num_hidden_layers=size.target_layers,
+        num_attention_heads=size.num_heads,
+        num_key_value_heads=size.num_kv_heads,
+        head_dim=size.head_dim,
+        max_position_embeddings=size.max_position_embeddings,
+        rms_norm_eps=1e-6,
+        rope_theta=size.rope_theta,
+        tie_word_embeddings=True,
+        bos_token_id=eos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+        use_cache=True,
+    )
+
+
+def drafter_config(size: PairSize, vocab_size: int, mask_token_id: int):
+    from ddtree.models.drafter import DFlashConfig
+
+    return DFlashConfig(
+        hidden_size=size.hidden_size,
+        intermediate_size=size.drafter_intermediate,
+        num_hidden_layers=size.drafter_layers,
+        num_attention_heads=size.num_heads,
+        num_key_value_heads=size.num_kv_heads,
+        head_dim=size.head_dim,
+        vocab_size=vocab_size,
+        block_size=size.block_size,
+        mask_token_id=mask_token_id,
+        target_layer_ids=list(size.target_layer_ids),
+        rms_norm_eps=1e-6,
+        rope_theta=size.rope_theta,
+        max_position_embeddings=size.max_position_embeddings,
+        num_target_layers=size.target_layers,
+    )
