@@ -30,6 +30,9 @@ class GenerationOutput:
     stage_times: dict[str, float]  # seconds summed over rounds, keys = STAGES
     ttft: float  # seconds, prefill + first token
     decode_time: float  # seconds after the first token
+    matched_stop: int | str | None = None  # the stop token id or stop string that ended it (SGLang's matched_stop)
+    method: str = ""  # method that produced it
+    budget: int = 0  # tree budget (ddtree), drafted chain length (dflash), 0 (ar)
 
     @property
     def tau(self) -> float:
