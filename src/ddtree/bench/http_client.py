@@ -1,0 +1,202 @@
+"""Helpers shared by the HTTP benchmark clients: prompts, seeds, sampling params, requests, health.
+
+The clients speak SGLang's `/generate` dialect, so they drive the reference server and an SGLang
+server alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from tqdm.auto import tqdm
+
+T = TypeVar("T")
+
+DEFAULT_REQUEST_TIMEOUT_S = 3600.0
+SAMPLING_KEYS = ("temperature", "top_k", "top_p")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    dataset: str
+    text: str
+
+
+def load_prompts(path: str | Path, num: int | None = None) -> list[Prompt]:
+    """Read `{"id", "dataset", "text"}` lines (first `num` of them); ids default to the line number."""
+    if num is not None and num < 1:
+        raise ValueError(f"num_prompts must be >= 1, got {num}")
+    prompts: list[Prompt] = []
+    with Path(path).open("r", encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise ValueError(f"prompts file {path}: line {line_no + 1} has no string `text`")
+            prompts.append(Prompt(id=str(row.get("id", line_no)), dataset=str(row.get("dataset", "")),
+                                  text=row["text"]))
+            if num is not None and len(prompts) >= num:
+                break
+    if not prompts:
+        raise ValueError(f"prompts file {path} holds no prompts")
+    return prompts
+
+
+def parse_json_arg(value: str | Any, name: str) -> Any:
+    """A JSON value given inline or as a path to a JSON file (already-parsed values pass through)."""
+    if not isinstance(value, str):
+        return value
+    text = value
+    if not value.lstrip().startswith(("{", "[")) and Path(value).is_file():
+        text = Path(value).read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name}: not valid JSON ({exc})") from None
+
+
+def parse_int_list(value: str | Sequence[int], name: str) -> list[int]:
+    """`"1,4,16"` -> [1, 4, 16], each >= 1."""
+    items = [int(v) for v in value.split(",") if v.strip()] if isinstance(value, str) else [int(v) for v in value]
+    if not items or any(v < 1 for v in items):
+        raise ValueError(f"{name}: expected positive integers, got {value!r}")
+    return items
+
+
+def check_variant(variant: Any, name: str = "variant") -> dict[str, Any]:
+    """A sampling variant: `name` plus sampling params (temperature, top_k, top_p, ...)."""
+    if not isinstance(variant, dict) or not isinstance(variant.get("name"), str):
+        raise ValueError(f"{name}: expected an object with a string `name`, got {variant!r}")
+    return {"temperature": 0.0, "top_k": -1, "top_p": 1.0, **variant}
+
+
+def derive_seed(*parts: Any) -> int:
+    """Stable 31-bit seed from the identity of a request (same on every run and machine)."""
+    digest = hashlib.sha256(json.dumps(list(parts), default=str).encode("utf-8")).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def sampling_params(variant: Mapping[str, Any], max_new_tokens: int, seed: int | None = None) -> dict[str, Any]:
+    """SGLang `sampling_params`: every variant key but `name`, plus the length and the seed."""
+    params = {k: v for k, v in variant.items() if k != "name"}
+    params["max_new_tokens"] = int(max_new_tokens)
+    if seed is not None:
+        params["sampling_seed"] = int(seed)
+    return params
+
+
+@dataclass
+class GenerateResult:
+    body: dict[str, Any] | None
+    error: str | None
+    start_time: float  # wall clock (time.time), for cross-request timelines
+    end_time: float
+    e2e_latency: float  # perf_counter difference, client side
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return (self.body or {}).get("meta_info") or {}
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("error", {}).get("message")
+    except (ValueError, AttributeError):
+        detail = None
+    return f"HTTP {response.status_code}: {detail or response.text[:500]}"
+
+
+async def post_generate(client: httpx.AsyncClient, url: str, payload: Mapping[str, Any]) -> GenerateResult:
+    """One `/generate` call; transport and HTTP errors come back in `error`, never raised."""
+    start_wall, start = time.time(), time.perf_counter()
+    body, error = None, None
+    try:
+        response = await client.post(f"{url.rstrip('/')}/generate", json=dict(payload))
+        if response.status_code == 200:
+            body = response.json()
+        else:
+            error = _error_message(response)
+    except (httpx.HTTPError, ValueError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    end = time.perf_counter()
+    return GenerateResult(body=body, error=error, start_time=start_wall, end_time=time.time(),
+                          e2e_latency=end - start)
+
+
+def make_client(concurrency: int, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0), limits=limits, trust_env=False)
+
+
+async def run_bounded(
+    items: Sequence[T], worker: Callable[[T], Awaitable[None]], concurrency: int, desc: str
+) -> None:
+    """Run `worker` over `items` with at most `concurrency` in flight, with a progress bar."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    semaphore = asyncio.Semaphore(concurrency)
+    with tqdm(total=len(items), desc=desc, unit="req", leave=False) as bar:
+
+        async def one(item: T) -> None:
+            async with semaphore:
+                await worker(item)
+            bar.update(1)
+
+        await asyncio.gather(*(one(item) for item in items))
+
+
+def log_tail(path: str | Path | None, lines: int = 40) -> str:
+    if path is None or not Path(path).exists():
+        return "(no log)"
+    text = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+def wait_for_health(
+    url: str,
+    timeout_s: float,
+    *,
+    process: subprocess.Popen | None = None,
+    log_path: str | Path | None = None,
+    interval_s: float = 0.5,
+) -> float:
+    """Poll `GET /health` until 200; fail fast if `process` exits. Returns the seconds waited."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    with httpx.Client(timeout=5.0, trust_env=False) as client:
+        while True:
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with status {process.returncode} before becoming healthy; log tail:\n"
+                    f"{log_tail(log_path)}"
+                )
+            try:
+                if client.get(f"{url.rstrip('/')}/health").status_code == 200:
+                    return time.monotonic() - start
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server at {url} not healthy after {timeout_s:.0f} s; log tail:\n"
+                                   f"{log_tail(log_path)}")
+            time.sleep(interval_s)
+
+
+def get_json(url: str, path: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """GET a JSON endpoint, None on any failure (informational endpoints only)."""
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+            response = client.get(f"{url.rstrip('/')}{path}")
+            return response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None

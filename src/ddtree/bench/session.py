@@ -1,0 +1,302 @@
+"""`ddtree bench session --plan plan.json`: start a server, benchmark it, always stop it.
+
+The server runs in its own process group (`start_new_session=True`) so the whole group (an SGLang
+server's scheduler/detokenizer children included) can be signalled at once. It is terminated in a
+`finally`, and SIGTERM/SIGINT sent to the session raise inside it, so a killed benchmark leaves no
+server behind and no held port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddtree.bench.acceptance import run_acceptance
+from ddtree.bench.http_client import get_json, wait_for_health
+from ddtree.bench.throughput import run_throughput
+from ddtree.engine.types import METHODS
+
+log = logging.getLogger(__name__)
+
+TERM_GRACE_S = 10.0
+SGLANG_ALGORITHMS = {"dflash": "DFLASH", "ddtree": "DDTREE"}
+
+
+class SessionInterrupted(Exception):
+    """The session received SIGTERM or SIGINT."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"received {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+# ---------------------------------------------------------------- plan
+
+
+def _require(mapping: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in mapping:
+        raise ValueError(f"plan: `{where}.{key}` is required")
+    return mapping[key]
+
+
+def load_plan(path: str | Path) -> dict[str, Any]:
+    """Read and check a plan (schema in docs/CONTRACTS.md); relative paths stay relative to the cwd."""
+    try:
+        plan = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"plan {path}: not valid JSON ({exc})") from None
+    return check_plan(plan)
+
+
+def check_plan(plan: Any) -> dict[str, Any]:
+    if not isinstance(plan, dict):
+        raise ValueError("plan: expected a JSON object")
+    server = _require(plan, "server", "plan")
+    engine = server.get("engine", "reference")
+    if engine not in ("reference", "sglang"):
+        raise ValueError(f"plan: `server.engine` must be 'reference' or 'sglang', got {engine!r}")
+    _require(server, "model", "server")
+    method = server.get("method", "ddtree")
+    if method not in METHODS:
+        raise ValueError(f"plan: `server.method` must be one of {', '.join(METHODS)}, got {method!r}")
+    if not isinstance(server.get("extra_args", []), list):
+        raise ValueError("plan: `server.extra_args` must be a list of strings")
+    _require(plan, "prompts", "plan")
+    out = _require(plan, "out", "plan")
+    if "acceptance" not in plan and "throughput" not in plan:
+        raise ValueError("plan: needs `acceptance`, `throughput` or both")
+    for phase in ("acceptance", "throughput"):
+        if phase in plan:
+            _require(out, phase, "out")
+    _require(out, "summary", "out")
+    if "tags" in plan and not isinstance(plan["tags"], dict):
+        raise ValueError("plan: `tags` must be an object")
+    return plan
+
+
+# ---------------------------------------------------------------- server process
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def server_command(server: Mapping[str, Any], host: str, port: int) -> list[str]:
+    """argv that starts the plan's server on host:port."""
+    method = server.get("method", "ddtree")
+    extra = [str(a) for a in server.get("extra_args", [])]
+    if server.get("engine", "reference") == "reference":
+        return [
+            sys.executable, "-m", "ddtree.cli", "serve", "--model", str(server["model"]), "--method", method,
+            "--budget", str(server.get("budget", 64)), "--host", host, "--port", str(port),
+            "--device", str(server.get("device", "cpu")), "--dtype", str(server.get("dtype", "float32")), *extra,
+        ]
+    # SGLang: a pair directory gives target and drafter; a hub id needs the drafter in extra_args
+    model = Path(str(server["model"]))
+    target, drafter = (model / "target", model / "drafter") if (model / "target").is_dir() else (model, None)
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(target), "--host", host,
+           "--port", str(port)]
+    if method in SGLANG_ALGORITHMS:
+        cmd += ["--speculative-algorithm", SGLANG_ALGORITHMS[method]]
+        if drafter is not None:
+            cmd += ["--speculative-draft-model-path", str(drafter)]
+    if server.get("dtype"):
+        cmd += ["--dtype", str(server["dtype"])]
+    if server.get("device") and server.get("device") != "cuda":
+        cmd += ["--device", str(server["device"])]
+    return cmd + extra
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen
+    url: str
+    port: int
+    log_path: Path
+
+    @property
+    def pgid(self) -> int:
+        return self.process.pid  # start_new_session: the server leads its own group
+
+
+def start_server(cmd: list[str], log_path: str | Path, *, port: int, host: str = "127.0.0.1",
+                 env: Mapping[str, str] | None = None) -> ServerProcess:
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with log_path.open("ab") as log_fh:
+        log_fh.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+        log_fh.flush()
+        process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
+                                   start_new_session=True, env=full_env)
+    return ServerProcess(process=process, url=f"http://{host}:{port}", port=port, log_path=log_path)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_server(server: ServerProcess, grace_s: float = TERM_GRACE_S) -> None:
+    """SIGTERM the whole process group, SIGKILL what is left after `grace_s`, reap the leader."""
+    pgid = server.pgid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        server.process.poll()  # reap the leader so it stops counting as alive
+        if not _group_alive(pgid):
+            break
+        time.sleep(0.1)
+    else:
+        log.warning("server group %d still alive after %.0f s: SIGKILL", pgid, grace_s)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.process.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def raise_on_signals() -> Iterator[None]:
+    """Turn SIGTERM/SIGINT into `SessionInterrupted` so `finally` blocks run."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise SessionInterrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def signals_ignored() -> Iterator[None]:
+    """Keep a second signal from interrupting the cleanup itself."""
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+# ---------------------------------------------------------------- session
+
+
+def run_phases(plan: Mapping[str, Any], url: str, summary: dict[str, Any]) -> None:
+    tags = plan.get("tags", {})
+    if "acceptance" in plan:
+        acc = plan["acceptance"]
+        summary["acceptance"] = run_acceptance(
+            url, plan["prompts"], acc.get("variants") or [{"name": "greedy", "temperature": 0.0}],
+            num_prompts=acc.get("num_prompts"), max_new_tokens=int(acc.get("max_new_tokens", 128)),
+            samples_per_prompt=int(acc.get("samples_per_prompt", 1)), tags=tags, out=plan["out"]["acceptance"],
+            concurrency=int(acc.get("concurrency", 1)),
+        )
+    if "throughput" in plan:
+        thr = plan["throughput"]
+        summary["throughput"] = run_throughput(
+            url, plan["prompts"], concurrency=thr.get("concurrency", [1]), num_requests=int(thr.get("num_requests", 8)),
+            max_new_tokens=int(thr.get("max_new_tokens", 128)), variant=thr.get("variant"), tags=tags,
+            out=plan["out"]["throughput"],
+        )
+
+
+def write_summary(path: str | Path, summary: Mapping[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_session(plan: Mapping[str, Any], host: str = "127.0.0.1") -> dict[str, Any]:
+    """Start the server, run the phases, always stop the server; the summary records how it ended."""
+    server_spec = plan["server"]
+    out = plan["out"]
+    log_path = server_spec.get("log") or str(Path(out["summary"]).with_suffix(".server.log"))
+    summary: dict[str, Any] = {"plan": plan, "status": "starting", "started_at": time.time()}
+    server: ServerProcess | None = None
+    try:
+        with raise_on_signals():
+            port = free_port(host)
+            cmd = server_command(server_spec, host, port)
+            summary.update(server_command=cmd, url=f"http://{host}:{port}", server_log=log_path)
+            log.info("starting server: %s", " ".join(cmd))
+            server = start_server(cmd, log_path, port=port, host=host)
+            summary["server_pid"] = server.process.pid
+            summary["health_wait_s"] = wait_for_health(
+                server.url, float(server_spec.get("health_timeout_s", 600)), process=server.process,
+                log_path=log_path,
+            )
+            summary["status"] = "running"
+            run_phases(plan, server.url, summary)
+            summary["server_info"] = get_json(server.url, "/server_info")
+            summary["status"] = "ok"
+    except SessionInterrupted as exc:
+        summary.update(status="interrupted", error=str(exc), signal=exc.signum)
+        raise
+    except BaseException as exc:
+        summary.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        with signals_ignored():
+            if server is not None:
+                stop_server(server)
+                summary["server_returncode"] = server.process.returncode
+            summary["finished_at"] = time.time()
+            write_summary(out["summary"], summary)
+    return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plan", required=True, help="plan JSON (schema in docs/CONTRACTS.md)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        plan = load_plan(args.plan)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"ddtree bench session: {exc}") from None
+    try:
+        summary = run_session(plan)
+    except SessionInterrupted as exc:
+        log.error("session interrupted (%s); server stopped", exc)
+        return 128 + exc.signum
+    except (RuntimeError, TimeoutError, ValueError) as exc:
+        log.error("session failed: %s", exc)
+        return 1
+    errors = sum(summary.get(p, {}).get("errors", 0) for p in ("acceptance", "throughput"))
+    print(json.dumps({"status": summary["status"], "errors": errors, "summary": plan["out"]["summary"]}))
+    return 0 if errors == 0 else 1

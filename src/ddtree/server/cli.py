@@ -1,0 +1,112 @@
+"""`ddtree serve`: load a model pair, build the decoding engine and serve it over HTTP (uvicorn).
+
+SIGTERM/SIGINT trigger uvicorn's graceful shutdown with a short timeout; the decode worker is a
+daemon thread, so an unfinished decode does not hold the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from ddtree.engine.types import METHODS
+
+DTYPES = ("float32", "bfloat16", "float16")
+SHUTDOWN_TIMEOUT_S = 3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model pair directory (target/, drafter/)")
+    parser.add_argument("--method", default="ddtree", help=f"decoding method: {', '.join(METHODS)}")
+    parser.add_argument("--budget", type=int, default=64, help="draft tree node budget (ddtree)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad settings before anything heavy is loaded."""
+    if args.method not in METHODS:
+        raise SystemExit(f"ddtree serve: unknown --method {args.method!r}; expected one of {', '.join(METHODS)}")
+    if args.budget < 1:
+        raise SystemExit(f"ddtree serve: --budget must be >= 1, got {args.budget}")
+    if args.dtype not in DTYPES:
+        raise SystemExit(f"ddtree serve: unknown --dtype {args.dtype!r}; expected one of {', '.join(DTYPES)}")
+    if not 0 <= args.port < 65536:
+        raise SystemExit(f"ddtree serve: --port must be in [0, 65535], got {args.port}")
+    if not Path(args.model).is_dir():
+        raise SystemExit(f"ddtree serve: --model {args.model!r} is not a directory")
+
+
+def _load_pair(path: str, device: str, dtype: Any) -> Any:
+    for module_name in ("ddtree.models", "ddtree.models.pair"):
+        module = importlib.import_module(module_name)
+        if hasattr(module, "load_pair"):
+            return module.load_pair(path, device=device, dtype=dtype)
+    raise SystemExit("ddtree serve: ddtree.models.load_pair is not available")
+
+
+def _engine_class() -> Any:
+    for module_name in ("ddtree.engine", "ddtree.engine.engine"):
+        module = importlib.import_module(module_name)
+        if hasattr(module, "DecodingEngine"):
+            return module.DecodingEngine
+    raise SystemExit("ddtree serve: ddtree.engine.DecodingEngine is not available")
+
+
+def _model_vocab_size(pair: Any) -> int | None:
+    config = getattr(getattr(pair, "target", None), "config", None)
+    value = getattr(config, "vocab_size", None)
+    return value if isinstance(value, int) else None
+
+
+def build_app(args: argparse.Namespace) -> Any:
+    import torch
+
+    from ddtree.server.app import create_app
+
+    dtype = getattr(torch, args.dtype)
+    pair = _load_pair(args.model, args.device, dtype)
+    engine = _engine_class()(pair, method=args.method, budget=args.budget, device=args.device, dtype=dtype)
+    return create_app(
+        engine,
+        pair.tokenizer,
+        method=args.method,
+        budget=args.budget,
+        model_name=str(args.model),
+        device=args.device,
+        dtype=args.dtype,
+        vocab_size=_model_vocab_size(pair),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    check_args(args)
+    logging.basicConfig(
+        stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    log = logging.getLogger("ddtree.server")
+    log.info("loading %s (method=%s budget=%d device=%s dtype=%s)", args.model, args.method, args.budget,
+             args.device, args.dtype)
+    app = build_app(args)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S,
+        access_log=args.log_level == "debug",
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    log.info("server stopped")
+    # uvicorn swallows a failed bind/startup: report it through the exit status
+    return 0 if server.started else 1
