@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 
@@ -37,3 +39,25 @@ def check_dim(name: str, value: torch.Tensor, dim: int, expected: int, what: str
             f"{name} has size {value.shape[dim]} in dimension {dim} but {what} is {expected} "
             f"(shape {tuple(value.shape)})"
         )
+
+
+def check_all_finite(name: str, value: torch.Tensor) -> None:
+    """ValueError unless every element is finite, reading `value` once with no full-size temporary.
+
+    Row sums are accumulated in float64, which cannot overflow for finite float32/bf16/fp16
+    inputs, so a row sum is finite exactly when every element of the row is.
+    """
+    if value.numel() == 0:
+        return
+    row_sums = torch.sum(value, dim=-1, dtype=torch.float64) if value.dim() else value.double()
+    if not bool(torch.isfinite(row_sums).all()):
+        raise ValueError(f"{name} contains non-finite values (nan or inf)")
+
+
+def check_budget(name: str, value: object) -> int:
+    """A node budget: an integer >= 1 (Python or numpy int; bools, floats and tensors are refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int >= 1, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value}")
+    return int(value)

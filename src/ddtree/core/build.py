@@ -1,0 +1,421 @@
+"""DDTree tree builder: the drafter's per-position distributions -> a best-first draft tree.
+
+Two exact builders share one vocabulary step (`depth_topk`) and one total order on prefixes, so they
+return identical trees (same nodes, same numbering, bit-identical logws):
+
+* ``heap``: the published per-request best-first heap (host side, Python ``heapq``).
+* ``batched``: a per-depth beam of width ``budget`` followed by a global top-``budget``, all tensor ops,
+  no host round-trip, batched over requests. On CUDA it is captured once per shape in a CUDA graph and
+  replayed; the row logsumexp then comes from a Triton kernel that reads the logits once (no float copy).
+
+The order on prefixes (the tie rule): descending logw, then smaller depth, then - between two prefixes of
+one depth - the earlier parent (in this same order), then the smaller rank (rank r = the r-th most
+probable token at that depth, token-id ascending among equal logits). The heap gets it from the key
+``(-logw, depth, parent's node index, rank)``; the beam gets it because each depth's beam is kept sorted
+in this order and candidates are numbered ``parent_position * k + rank``.
+
+Why the beam is exact: logw never increases along a path, so the best ``budget`` prefixes are
+prefix-closed, every depth-d node of the best tree is among the best ``budget`` depth-d prefixes, and
+the parent of each of those is among the best ``budget`` depth-(d-1) prefixes. logws are summed in
+float32 in the same order in both builders (parent logw + edge log-prob), so they agree exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+from collections import OrderedDict
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from ddtree.core.checks import check_budget, check_tensor
+from ddtree.core.types import DDTreeBuildResult
+
+METHODS = ("auto", "heap", "batched")
+
+_LOW32 = (1 << 32) - 1
+
+
+# --------------------------------------------------------------------------------------------------
+# validation and method choice
+# --------------------------------------------------------------------------------------------------
+
+
+def _validate(
+    draft_logits: object, budget: object, method: object, *, check_finite: bool
+) -> tuple[torch.Tensor, int]:
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    budget = check_budget("budget", budget)
+    logits = check_tensor("draft_logits", draft_logits, ndim=3, floating=True)
+    if logits.shape[1] == 0 or logits.shape[2] == 0:
+        raise ValueError(
+            f"draft_logits must have D > 0 drafted positions and V > 0 tokens, got shape {tuple(logits.shape)}"
+        )
+    if check_finite:
+        check_tensor("draft_logits", logits, finite=True)
+    return logits, budget
+
+
+def choose_method(batch: int, depth: int, vocab: int, budget: int, device: torch.device | str) -> str:
+    """The builder `method="auto"` uses for a shape (rule from benchmarks/NOTES-core.md measurements).
+
+    CUDA: the graph-replayed batched build costs a roughly constant ~0.2-0.5 ms (vocabulary pass + a fixed
+    number of small kernels) while the heap pays the same vocabulary pass, a host copy and ~1-4 us of Python
+    per node, so batched wins once the batch holds a few requests' worth of nodes; at batch 1 with a
+    small budget the heap can be as fast, and there the heap is kept.
+    CPU: the Python heap does O(budget log budget) per request; the eager beam does D tensor ops over
+    [B, ~budget*ln(budget)] candidates plus a global top-k, which on CPU only pays off for large batches.
+    """
+    device = torch.device(device)
+    nodes = batch * budget
+    if device.type == "cuda":
+        return "heap" if nodes < _CUDA_HEAP_MAX_NODES else "batched"
+    return "heap" if nodes < _CPU_HEAP_MAX_NODES else "batched"
+
+
+# Crossovers in total nodes (batch * budget); see benchmarks/NOTES-core.md for the measurements behind them.
+_CUDA_HEAP_MAX_NODES = 64
+_CPU_HEAP_MAX_NODES = 4096
+
+
+# --------------------------------------------------------------------------------------------------
+# shared vocabulary step
+# --------------------------------------------------------------------------------------------------
+
+
+def ordered_int(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> int64 whose signed order is the float order (-0.0 folded onto +0.0)."""
+    bits = (x.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(torch.int64)
+
+
+def _descending_key(values: torch.Tensor, tiebreak: torch.Tensor) -> torch.Tensor:
+    """int64 key: larger value first, then smaller `tiebreak` (0 <= tiebreak < 2**32). All keys distinct."""
+    return (ordered_int(values) << 32) + (_LOW32 - tiebreak)
+
+
+def _row_logsumexp(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row logsumexp in float32 and a 0-dim bool 'some logit is non-finite'. x2d: [R, V]."""
+    if x2d.is_cuda and _triton_lse_usable(x2d.device):
+        from ddtree.core.triton_kernels import row_lse_and_min
+
+        lse, row_min = row_lse_and_min(x2d)  # [R] float32 each
+        bad = ~(torch.isfinite(lse) & (row_min > float("-inf"))).all()
+        return lse, bad
+    lse = torch.logsumexp(x2d.float(), dim=-1)  # [R]
+    bad = ~torch.isfinite(x2d).all()
+    return lse, bad
+
+
+def depth_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-position top-k of log_softmax, in a deterministic order.
+
+    Returns logq [B, D, k] float32 (descending), token ids [B, D, k] int64, and a 0-dim bool tensor that is
+    True when the logits hold a non-finite value (checked by the caller, so no sync happens here).
+    The top-k runs on the raw logits (any float dtype, no float copy); log_softmax = logit - logsumexp.
+    Among equal logits the smaller token id gets the smaller rank.
+    """
+    b, d, v = draft_logits.shape
+    x2d = draft_logits.reshape(b * d, v)  # [R, V]
+    lse, bad = _row_logsumexp(x2d)  # [R]
+    vals, ids = x2d.topk(k, dim=-1)  # [R, k] raw dtype, unordered among ties
+    vals32 = vals.float()
+    order = _descending_key(vals32, ids).argsort(dim=-1, descending=True)  # [R, k]
+    vals32 = vals32.gather(1, order)
+    ids = ids.gather(1, order)
+    logq = vals32 - lse.unsqueeze(1)  # [R, k]
+    return logq.reshape(b, d, k), ids.reshape(b, d, k), bad
+
+
+def _raise_if_bad(bad: torch.Tensor) -> None:
+    if bool(bad):
+        raise ValueError("draft_logits contains non-finite values (nan or inf)")
+
+
+# --------------------------------------------------------------------------------------------------
+# heap (reference)
+# --------------------------------------------------------------------------------------------------
+
+
+def _heap_one(logq: np.ndarray, ids: np.ndarray, budget: int) -> tuple[list, list, list, list]:
+    """Best-first heap for one request. logq, ids: [D, k] (float32, int64). Returns node lists (root excluded)."""
+    depth_max, k = logq.shape
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    logws: list[np.float32] = []
+    zero = np.float32(0.0)
+    first = zero + logq[0, 0]
+    # entry: (-logw, depth, parent node index, rank, logw); node indices count the root as 0
+    heap = [(-first, 1, 0, 0, first)]
+    while heap and len(tokens) < budget:
+        _, depth, parent, rank, logw = heapq.heappop(heap)
+        if logw == -np.inf:  # everything still queued is -inf as well
+            break
+        tokens.append(int(ids[depth - 1, rank]))
+        parents.append(parent)
+        depths.append(depth)
+        logws.append(logw)
+        index = len(tokens)
+        parent_logw = logws[parent - 1] if parent > 0 else zero
+        if rank + 1 < k:
+            sib = parent_logw + logq[depth - 1, rank + 1]  # float32 add, same as the beam
+            heapq.heappush(heap, (-sib, depth, parent, rank + 1, sib))
+        if depth < depth_max:
+            child = logw + logq[depth, 0]
+            heapq.heappush(heap, (-child, depth + 1, index, 0, child))
+    return tokens, parents, depths, logws
+
+
+def _build_heap(logits: torch.Tensor, budget: int) -> DDTreeBuildResult:
+    b, _, v = logits.shape
+    k = min(budget, v)
+    logq, ids, bad = depth_topk(logits, k)
+    _raise_if_bad(bad)
+    logq_h = logq.cpu().numpy()  # [B, D, k] one host copy for the whole batch
+    ids_h = ids.cpu().numpy()
+    n = budget + 1
+    token_ids = np.full((b, n), -1, dtype=np.int64)
+    parents = np.full((b, n), -1, dtype=np.int64)
+    depths = np.zeros((b, n), dtype=np.int64)
+    node_logws = np.full((b, n), -np.inf, dtype=np.float32)
+    node_logws[:, 0] = 0.0
+    num_nodes = np.ones(b, dtype=np.int64)
+    for i in range(b):
+        tok, par, dep, lw = _heap_one(logq_h[i], ids_h[i], budget)
+        m = len(tok)
+        token_ids[i, 1 : m + 1] = tok
+        parents[i, 1 : m + 1] = par
+        depths[i, 1 : m + 1] = dep
+        node_logws[i, 1 : m + 1] = lw
+        num_nodes[i] = m + 1
+    dev = logits.device
+    return DDTreeBuildResult(
+        token_ids=torch.from_numpy(token_ids).to(dev),
+        parents=torch.from_numpy(parents).to(dev),
+        depths=torch.from_numpy(depths).to(dev),
+        node_logws=torch.from_numpy(node_logws).to(dev),
+        num_nodes=torch.from_numpy(num_nodes).to(dev),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# batched beam (eager reference; also the body of the CUDA graph)
+# --------------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=64)
+def _candidate_pairs_cpu(width: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(beam position j, rank r) pairs that can reach a depth's top-`width`: (j + 1) * (r + 1) <= width.
+
+    Candidate (j, r) is beaten by every (j', r') with j' <= j, r' <= r (beam and ranks are sorted in the
+    prefix order), so if there are `width` or more of those it cannot be selected. Sorted by j * k + r.
+    This keeps ~width * ln(width) candidates instead of width * k.
+    """
+    js, rs = [], []
+    for j in range(width):
+        r_max = min(k, width // (j + 1))
+        js.extend([j] * r_max)
+        rs.extend(range(r_max))
+    return torch.tensor(js, dtype=torch.int64), torch.tensor(rs, dtype=torch.int64)
+
+
+_PAIR_CACHE: dict[tuple[int, int, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _candidate_pairs(width: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    key = (width, k, str(device))
+    if key not in _PAIR_CACHE:
+        js, rs = _candidate_pairs_cpu(width, k)
+        _PAIR_CACHE[key] = (js.to(device), rs.to(device), (_LOW32 - (js * k + rs)).to(device))
+    return _PAIR_CACHE[key]
+
+
+def _batched_tensors(logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
+    """Pure tensor body of the batched build (no host sync; CUDA-graph capturable once constants exist).
+
+    Returns token_ids, parents, depths, node_logws [B, N], num_nodes [B], bad (0-dim bool).
+    """
+    b, d, v = logits.shape
+    k = min(budget, v)
+    w = budget  # beam width
+    dev = logits.device
+    logq, ids, bad = depth_topk(logits, k)  # [B, D, k] x2
+    js, rs, pair_low = _candidate_pairs(w, k, dev)  # [M] x3
+
+    # depth 1: the beam is the sorted top-k itself, padded with -inf to the width
+    beam_logw = torch.full((b, w), float("-inf"), dtype=torch.float32, device=dev)  # [B, W]
+    beam_logw[:, :k] = logq[:, 0]
+    beam_tok = torch.zeros((b, w), dtype=torch.int64, device=dev)
+    beam_tok[:, :k] = ids[:, 0]
+    beam_par = torch.zeros((b, w), dtype=torch.int64, device=dev)  # unused at depth 1 (root)
+    all_logw, all_tok, all_par = [beam_logw], [beam_tok], [beam_par]
+    for depth in range(1, d):
+        cand = beam_logw[:, js] + logq[:, depth, rs]  # [B, M] float32, parent + edge
+        key = (ordered_int(cand) << 32) + pair_low  # [B, M] distinct
+        pick = key.topk(w, dim=-1, sorted=True).indices  # [B, W], in prefix order
+        beam_logw = cand.gather(1, pick)
+        beam_par = js[pick]  # [B, W] parent's beam position
+        beam_tok = ids[:, depth].gather(1, rs[pick])
+        all_logw.append(beam_logw)
+        all_tok.append(beam_tok)
+        all_par.append(beam_par)
+    flat_logw = torch.stack(all_logw, 1).reshape(b, d * w)  # [B, D*W], depth-major
+    flat_tok = torch.stack(all_tok, 1).reshape(b, d * w)
+    flat_par = torch.stack(all_par, 1).reshape(b, d * w)
+
+    # global top-budget over all depths: descending logw, then smaller depth, then beam position
+    slot = torch.arange(d * w, device=dev)  # [D*W]
+    pick = _descending_key(flat_logw, slot.expand(b, -1)).topk(budget, dim=-1, sorted=True).indices  # [B, budget]
+    sel_logw = flat_logw.gather(1, pick)
+    sel_tok = flat_tok.gather(1, pick)
+    sel_depth0 = pick // w  # 0-based depth
+    sel_parent_slot = (sel_depth0 - 1) * w + flat_par.gather(1, pick)  # slot of the parent (invalid at depth 0)
+    valid = sel_logw > float("-inf")  # [B, budget]
+
+    # renumber: slot -> node index (1..budget), parents remapped through it
+    node_of_slot = torch.full((b, d * w), -1, dtype=torch.int64, device=dev)
+    node_ids = torch.arange(1, budget + 1, device=dev).expand(b, -1)
+    node_of_slot.scatter_(1, pick, node_ids)
+    parent_node = node_of_slot.gather(1, sel_parent_slot.clamp(min=0))
+    parent_node = torch.where(sel_depth0 == 0, torch.zeros_like(parent_node), parent_node)
+
+    minus1 = torch.full((b, 1), -1, dtype=torch.int64, device=dev)
+    token_ids = torch.cat([minus1, torch.where(valid, sel_tok, -1)], 1)  # [B, N]
+    parents = torch.cat([minus1, torch.where(valid, parent_node, -1)], 1)
+    depths = torch.cat([torch.zeros_like(minus1), torch.where(valid, sel_depth0 + 1, 0)], 1)
+    node_logws = torch.cat(
+        [torch.zeros((b, 1), dtype=torch.float32, device=dev), torch.where(valid, sel_logw, float("-inf"))], 1
+    )
+    num_nodes = valid.sum(1) + 1  # [B]
+    return token_ids, parents, depths, node_logws, num_nodes, bad
+
+
+def _result(tensors: tuple[torch.Tensor, ...]) -> DDTreeBuildResult:
+    token_ids, parents, depths, node_logws, num_nodes, _ = tensors
+    return DDTreeBuildResult(
+        token_ids=token_ids, parents=parents, depths=depths, node_logws=node_logws, num_nodes=num_nodes
+    )
+
+
+def _build_batched_eager(logits: torch.Tensor, budget: int) -> DDTreeBuildResult:
+    tensors = _batched_tensors(logits, budget)
+    _raise_if_bad(tensors[-1])
+    return _result(tensors)
+
+
+# --------------------------------------------------------------------------------------------------
+# CUDA graph replay of the batched build
+# --------------------------------------------------------------------------------------------------
+
+
+class _GraphedBuild:
+    """One captured batched build for a fixed (shape, dtype, budget, device); input copied into a static buffer."""
+
+    def __init__(self, like: torch.Tensor, budget: int) -> None:
+        self.budget = budget
+        self.static_in = torch.zeros_like(like)
+        self.static_in.copy_(like)
+        stream = torch.cuda.Stream(device=like.device)
+        stream.wait_stream(torch.cuda.current_stream(like.device))
+        with torch.cuda.stream(stream):  # warm-up outside capture: compiles kernels, fills constant caches
+            for _ in range(2):
+                _batched_tensors(self.static_in, budget)
+        torch.cuda.current_stream(like.device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.static_out = _batched_tensors(self.static_in, budget)
+
+    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self.static_in.copy_(logits)
+        self.graph.replay()
+        return tuple(t.clone() for t in self.static_out)
+
+
+_GRAPHS: OrderedDict[tuple, _GraphedBuild] = OrderedDict()
+_MAX_GRAPHS = 16
+
+
+def _graphs_enabled() -> bool:
+    return os.environ.get("DDTREE_NO_CUDA_GRAPH", "") not in ("1", "true", "yes")
+
+
+def _build_batched_graphed(logits: torch.Tensor, budget: int) -> DDTreeBuildResult:
+    key = (tuple(logits.shape), logits.dtype, budget, logits.device.index)
+    graphed = _GRAPHS.get(key)
+    if graphed is None:
+        graphed = _GraphedBuild(logits, budget)
+        _GRAPHS[key] = graphed
+        while len(_GRAPHS) > _MAX_GRAPHS:
+            _GRAPHS.popitem(last=False)
+    else:
+        _GRAPHS.move_to_end(key)
+    tensors = graphed(logits)
+    _raise_if_bad(tensors[-1])
+    return _result(tensors)
+
+
+def clear_graph_cache() -> None:
+    """Drop every captured build (frees their static buffers)."""
+    _GRAPHS.clear()
+
+
+# --------------------------------------------------------------------------------------------------
+# Triton availability (probed once per device against the torch reference)
+# --------------------------------------------------------------------------------------------------
+
+_TRITON_OK: dict[int, bool] = {}
+
+
+def _triton_lse_usable(device: torch.device) -> bool:
+    if os.environ.get("DDTREE_NO_TRITON", "") in ("1", "true", "yes"):
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _TRITON_OK:
+        _TRITON_OK[index] = _probe_triton(torch.device("cuda", index))
+    return _TRITON_OK[index]
+
+
+def _probe_triton(device: torch.device) -> bool:
+    try:
+        from ddtree.core.triton_kernels import row_lse_and_min
+    except Exception:  # triton missing or broken: the torch path is exact, only slower
+        return False
+    try:
+        gen = torch.Generator(device=device).manual_seed(0)
+        x = (torch.randn(7, 5003, device=device, generator=gen) * 4).to(torch.bfloat16)
+        lse, row_min = row_lse_and_min(x)
+        ok_lse = torch.allclose(lse, torch.logsumexp(x.float(), -1), rtol=0, atol=1e-4)
+        ok_min = torch.equal(row_min, x.float().amin(-1))
+        return bool(ok_lse and ok_min)
+    except Exception:
+        return False
+
+
+# --------------------------------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------------------------------
+
+
+def build_tree(draft_logits: torch.Tensor, budget: int, *, method: str = "auto") -> DDTreeBuildResult:
+    """Build one draft tree per request from the drafter's per-position logits.
+
+    draft_logits: [B, D, V], any float dtype, any device. budget: the number of draft nodes (root excluded).
+    Returns N = budget + 1 columns, column 0 the root, nodes numbered best-first (see the module docstring
+    for the exact order). method: "heap" (per-request reference), "batched" (exact batched beam; CUDA-graph
+    replay on CUDA), or "auto" (`choose_method`).
+    Raises ValueError naming the argument for bad rank, empty D or V, non-finite logits, a budget that is
+    not an int >= 1, or an unknown method.
+    """
+    logits, budget = _validate(draft_logits, budget, method, check_finite=False)  # finiteness: checked in the vocab step
+    if method == "auto":
+        b, d, v = logits.shape
+        method = choose_method(b, d, v, budget, logits.device)
+    if method == "heap":
+        return _build_heap(logits, budget)
+    if logits.is_cuda and _graphs_enabled():
+        return _build_batched_graphed(logits, budget)
+    return _build_batched_eager(logits, budget)
