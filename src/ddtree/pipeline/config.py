@@ -1,0 +1,160 @@
+"""Experiment configuration helpers: run ids, cross-reference checks, benchmark plans.
+
+The JSON schemas in `workflow/schemas/` check keys and types; what a schema cannot
+express (a name that must refer to another section, a profile file that must exist)
+is checked here so that the workflow fails at parse time with a message naming it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+METHODS_WITH_BUDGET = ("ddtree",)
+_RUN_ID = re.compile(r"^(ar|dflash|ddtree)(?:-b(\d+))?$")
+
+
+def run_id(method: str, budget: int | None) -> str:
+    """Directory name of one (method, budget) benchmark: `ar`, `dflash`, `ddtree-b64`."""
+    if method in METHODS_WITH_BUDGET:
+        if budget is None or int(budget) < 1:
+            raise ValueError(f"budget must be a positive integer for method {method!r}, got {budget!r}")
+        return f"{method}-b{int(budget)}"
+    if method not in ("ar", "dflash"):
+        raise ValueError(f"method must be one of ar, dflash, ddtree; got {method!r}")
+    return method
+
+
+def parse_run_id(run: str) -> tuple[str, int | None]:
+    """Inverse of `run_id`."""
+    match = _RUN_ID.match(run)
+    if match is None:
+        raise ValueError(f"run id {run!r} is not 'ar', 'dflash' or 'ddtree-b<budget>'")
+    method, budget = match.group(1), match.group(2)
+    if (method in METHODS_WITH_BUDGET) != (budget is not None):
+        raise ValueError(f"run id {run!r}: only ddtree carries a budget")
+    return method, (int(budget) if budget is not None else None)
+
+
+def run_ids(methods: Sequence[str], budgets: Sequence[int]) -> list[str]:
+    """Every benchmark run: ar and dflash once, ddtree once per budget (never multiplied)."""
+    runs: list[str] = []
+    for method in methods:
+        if method in METHODS_WITH_BUDGET:
+            runs.extend(run_id(method, b) for b in sorted(set(int(b) for b in budgets)))
+        else:
+            runs.append(run_id(method, None))
+    return runs
+
+
+def variant_by_name(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    for variant in config["variants"]:
+        if variant["name"] == name:
+            return dict(variant)
+    raise ValueError(f"variant {name!r} is not defined under 'variants'")
+
+
+def check_references(config: Mapping[str, Any], available_profiles: Sequence[str]) -> None:
+    """Raise ValueError naming the first dangling reference of a schema-valid config."""
+    for profile in config["hardware"]:
+        if profile not in available_profiles:
+            raise ValueError(
+                f"hardware profile {profile!r} is unknown: no config/hardware/{profile}.yaml "
+                f"(available: {', '.join(sorted(available_profiles)) or 'none'})"
+            )
+    for pair in config["pairs"]:
+        if pair not in config["model_pairs"]:
+            raise ValueError(f"pairs: {pair!r} is not defined under 'model_pairs'")
+    for dataset in config["datasets"]:
+        if dataset not in config["dataset_catalog"]:
+            raise ValueError(f"datasets: {dataset!r} is not defined under 'dataset_catalog'")
+    names = [v["name"] for v in config["variants"]]
+    if len(set(names)) != len(names):
+        raise ValueError(f"variants: names must be unique, got {names}")
+    for name in config["acceptance"]["variants"]:
+        if name not in names:
+            raise ValueError(f"acceptance.variants: {name!r} is not defined under 'variants'")
+    if config["throughput"]["variant"] not in names:
+        raise ValueError(f"throughput.variant: {config['throughput']['variant']!r} is not defined under 'variants'")
+    if "ddtree" in config["methods"] and not config["budgets"]:
+        raise ValueError("budgets: ddtree is among the methods, so at least one budget is needed")
+
+
+def check_hardware_profile(name: str, profile: Mapping[str, Any]) -> None:
+    """Semantic checks a schema cannot express."""
+    if profile["engine"] == "reference" and int(profile["tensor_parallel_size"]) != 1:
+        raise ValueError(f"hardware profile {name!r}: tensor_parallel_size must be 1 for the reference engine")
+    gpus = int(profile["resources"]["gpus"])
+    if profile["device"].startswith("cuda") and gpus < int(profile["tensor_parallel_size"]):
+        raise ValueError(
+            f"hardware profile {name!r}: resources.gpus ({gpus}) is below tensor_parallel_size "
+            f"({profile['tensor_parallel_size']})"
+        )
+
+
+def server_extra_args(profile: Mapping[str, Any]) -> list[str]:
+    """Server arguments of a profile; the tensor-parallel size is set once, in the profile."""
+    args = [str(a) for a in profile.get("server_args", [])]
+    tp = int(profile["tensor_parallel_size"])
+    if profile["engine"] == "sglang" and tp > 1 and "--tp-size" not in args:
+        args += ["--tp-size", str(tp)]
+    return args
+
+
+def build_plan(
+    config: Mapping[str, Any],
+    profile_name: str,
+    profile: Mapping[str, Any],
+    pair: str,
+    run: str,
+    *,
+    model_dir: str,
+    prompts: str,
+    num_prompts: int,
+    out_dir: str,
+    server_log: str,
+) -> dict[str, Any]:
+    """The `ddtree bench session` plan (schema in docs/CONTRACTS.md) for one benchmark run."""
+    if num_prompts < 1:
+        raise ValueError(f"num_prompts must be at least 1, got {num_prompts}")
+    method, budget = parse_run_id(run)
+    out = Path(out_dir)
+    acceptance = config["acceptance"]
+    throughput = config["throughput"]
+    # ar and dflash ignore the budget; the server still gets a valid integer.
+    server_budget = budget if budget is not None else int(min(config["budgets"] or [1]))
+    return {
+        "server": {
+            "engine": profile["engine"],
+            "model": str(model_dir),
+            "method": method,
+            "budget": server_budget,
+            "device": profile["device"],
+            "dtype": profile["dtype"],
+            "extra_args": server_extra_args(profile),
+            "health_timeout_s": int(profile["health_timeout_s"]),
+            "log": str(server_log),
+        },
+        "prompts": str(prompts),
+        "acceptance": {
+            "variants": [variant_by_name(config, name) for name in acceptance["variants"]],
+            "num_prompts": int(num_prompts),
+            "max_new_tokens": int(acceptance["max_new_tokens"]),
+            "samples_per_prompt": int(acceptance["samples_per_prompt"]),
+        },
+        "throughput": {
+            "concurrency": [int(c) for c in throughput["concurrency"]],
+            "num_requests": int(throughput["num_requests"]),
+            "max_new_tokens": int(throughput["max_new_tokens"]),
+            "variant": variant_by_name(config, throughput["variant"]),
+        },
+        "tags": {"profile": profile_name, "pair": pair, "method": method, "budget": budget},
+        "out": {
+            # The record files are not Snakemake outputs, so a failed or killed job keeps them
+            # and the session resumes from them; only the summary marks the run finished.
+            "acceptance": str(out / "records" / "acceptance.jsonl"),
+            "throughput": str(out / "records" / "throughput.jsonl"),
+            "summary": str(out / "summary.json"),
+        },
+    }

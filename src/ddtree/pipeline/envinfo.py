@@ -1,0 +1,99 @@
+"""Environment record stored beside the tables: what produced these numbers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable
+
+PACKAGES = (
+    "ddtree", "torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "numpy", "pandas",
+    "scipy", "fastapi", "uvicorn", "httpx", "snakemake", "papermill", "seaborn", "sglang",
+)
+
+
+def package_versions(names: Iterable[str] = PACKAGES) -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_revision(repo_dir: str | Path) -> dict[str, Any]:
+    """Commit of the checkout and whether tracked files differ from it (None outside git)."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=repo_dir, capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def device_info() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": __import__("os").cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+        "gpus": [],
+    }
+    if torch.cuda.is_available():
+        info["cuda"] = torch.version.cuda
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
+def manifest_hash(pair_dir: str | Path) -> dict[str, Any]:
+    """sha256 of a pair's manifest.json and, when listed, of its corpus entries."""
+    path = Path(pair_dir) / "manifest.json"
+    if not path.is_file():
+        return {"manifest_sha256": None, "corpus_sha256": None}
+    raw = path.read_bytes()
+    manifest = json.loads(raw)
+    corpus = manifest.get("corpus")
+    corpus_hash = (
+        hashlib.sha256(json.dumps(corpus, sort_keys=True).encode()).hexdigest() if corpus is not None else None
+    )
+    return {"manifest_sha256": hashlib.sha256(raw).hexdigest(), "corpus_sha256": corpus_hash}
+
+
+def collect_environment(repo_dir: str | Path, pair_dirs: dict[str, str | Path]) -> dict[str, Any]:
+    return {
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": package_versions(),
+        "device": device_info(),
+        "git": git_revision(repo_dir),
+        "pairs": {name: manifest_hash(path) for name, path in pair_dirs.items()},
+    }
+
+
+def environment_rows(env: dict[str, Any]) -> list[dict[str, Any]]:
+    """Flatten the record into (key, value) rows for a tidy table."""
+    rows: list[dict[str, Any]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        else:
+            rows.append({"key": prefix, "value": json.dumps(value) if not isinstance(value, str) else value})
+
+    walk("", env)
+    return rows

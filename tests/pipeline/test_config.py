@@ -1,0 +1,112 @@
+"""Run ids, cross-reference checks and benchmark plans."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from ddtree.pipeline.config import (
+    build_plan,
+    check_hardware_profile,
+    check_references,
+    parse_run_id,
+    run_id,
+    run_ids,
+    server_extra_args,
+)
+
+CONFIG = {
+    "hardware": ["cpu"],
+    "pairs": ["embedded-small"],
+    "datasets": ["stdlib-heldout"],
+    "methods": ["ar", "dflash", "ddtree"],
+    "budgets": [32, 8],
+    "model_pairs": {"embedded-small": {"source": "embedded", "size": "small", "seed": 0}},
+    "dataset_catalog": {"stdlib-heldout": {"source": "embedded"}},
+    "variants": [
+        {"name": "greedy", "temperature": 0.0, "top_k": -1, "top_p": 1.0},
+        {"name": "t1", "temperature": 1.0, "top_k": -1, "top_p": 1.0},
+    ],
+    "acceptance": {"variants": ["greedy", "t1"], "num_prompts": 4, "max_new_tokens": 32, "samples_per_prompt": 2},
+    "throughput": {"concurrency": [1, 2], "num_requests": 4, "max_new_tokens": 16, "variant": "greedy"},
+}
+PROFILE = {
+    "engine": "reference", "device": "cpu", "dtype": "float32", "tensor_parallel_size": 1, "server_args": [],
+    "health_timeout_s": 300, "resources": {"gpus": 0},
+}
+
+
+def test_run_ids_do_not_multiply_ar_and_dflash_by_budgets():
+    assert run_ids(["ar", "dflash", "ddtree"], [32, 8, 8]) == ["ar", "dflash", "ddtree-b8", "ddtree-b32"]
+    for run in run_ids(["ar", "dflash", "ddtree"], [4]):
+        assert run_id(*parse_run_id(run)) == run
+
+
+@pytest.mark.parametrize("bad", ["ar-b8", "ddtree", "eagle", "ddtree-b"])
+def test_parse_run_id_rejects(bad):
+    with pytest.raises(ValueError, match="run id"):
+        parse_run_id(bad)
+
+
+def test_run_id_rejects_missing_budget_and_unknown_method():
+    with pytest.raises(ValueError, match="budget"):
+        run_id("ddtree", None)
+    with pytest.raises(ValueError, match="method"):
+        run_id("eagle", None)
+
+
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        (("hardware",), ["gb200"], "hardware profile 'gb200' is unknown"),
+        (("pairs",), ["nope"], "pairs: 'nope'"),
+        (("datasets",), ["nope"], "datasets: 'nope'"),
+        (("acceptance", "variants"), ["hot"], "acceptance.variants: 'hot'"),
+        (("throughput", "variant"), "hot", "throughput.variant: 'hot'"),
+    ],
+)
+def test_check_references_names_the_dangling_reference(path, value, message):
+    config = copy.deepcopy(CONFIG)
+    target = config
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(ValueError, match=message):
+        check_references(config, ["cpu"])
+
+
+def test_check_references_accepts_valid_config():
+    check_references(CONFIG, ["cpu", "h200-x1"])
+
+
+def test_hardware_profile_checks():
+    check_hardware_profile("cpu", PROFILE)
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        check_hardware_profile("cpu", {**PROFILE, "tensor_parallel_size": 2})
+    gpu = {**PROFILE, "engine": "sglang", "device": "cuda", "tensor_parallel_size": 8, "resources": {"gpus": 4}}
+    with pytest.raises(ValueError, match="resources.gpus"):
+        check_hardware_profile("x", gpu)
+
+
+def test_server_extra_args_adds_tp_once_for_sglang():
+    sgl = {**PROFILE, "engine": "sglang", "tensor_parallel_size": 8, "server_args": ["--mem-fraction-static", 0.8]}
+    assert server_extra_args(sgl) == ["--mem-fraction-static", "0.8", "--tp-size", "8"]
+    assert server_extra_args(PROFILE) == []
+
+
+def test_build_plan_matches_contract(tmp_path):
+    plan = build_plan(CONFIG, "cpu", PROFILE, "embedded-small", "ddtree-b8", model_dir="m", prompts="p.jsonl",
+                      num_prompts=4, out_dir=str(tmp_path), server_log="s.log")
+    assert set(plan) == {"server", "prompts", "acceptance", "throughput", "tags", "out"}
+    assert plan["server"]["method"] == "ddtree" and plan["server"]["budget"] == 8
+    assert plan["tags"] == {"profile": "cpu", "pair": "embedded-small", "method": "ddtree", "budget": 8}
+    assert [v["name"] for v in plan["acceptance"]["variants"]] == ["greedy", "t1"]
+    assert plan["throughput"]["variant"]["temperature"] == 0.0
+    assert plan["out"]["summary"] == str(tmp_path / "summary.json")
+    ar = build_plan(CONFIG, "cpu", PROFILE, "embedded-small", "ar", model_dir="m", prompts="p.jsonl",
+                    num_prompts=4, out_dir=str(tmp_path), server_log="s.log")
+    assert ar["tags"]["budget"] is None and isinstance(ar["server"]["budget"], int)
+    with pytest.raises(ValueError, match="num_prompts"):
+        build_plan(CONFIG, "cpu", PROFILE, "p", "ar", model_dir="m", prompts="p", num_prompts=0, out_dir="o",
+                   server_log="s")
