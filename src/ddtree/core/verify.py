@@ -1,0 +1,212 @@
+"""Greedy and lossless sampling verification of a draft tree, and the one commit path both feed.
+
+Both verifiers are "pick one token per node" followed by ONE shared walk:
+- greedy: the pick at node i is argmax of the target logits at row i;
+- sampling: the pick is one exact sample from the processed target distribution at row i
+  (temperature, top-k, top-p), drawn independently per node.
+The walk starts at the root and moves to the child whose token equals the pick at the current node
+(children carry distinct tokens, so there is at most one); the first pick that is not a child is the
+bonus token. Each emitted token is then an exact sample of the target given the emitted prefix, so the
+output law equals plain sampling from the target.
+
+`max_depth` (D) fixes the width of `accepted_nodes` ([B, D + 1]) and bounds the walk. Engines should
+pass the drafter's D (block_size - 1): it costs nothing. When omitted it is read from
+`tree.depths.max()` (one device read). Nodes deeper than `max_depth` are never accepted.
+
+The walk is vectorised over the batch: a loop over depth on [B, N] tensors, no host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddtree.core.checks import check_all_finite, check_dim, check_same_device, check_tensor
+from ddtree.core.sampling import SamplingParams, process_logits_unchecked
+from ddtree.core.types import CommitResult, DDTreeBuildResult, VerifyResult
+
+BACKENDS = ("auto", "torch", "sglang", "reference")
+
+
+def _check_tree(tree: object) -> DDTreeBuildResult:
+    if not isinstance(tree, DDTreeBuildResult):
+        raise ValueError(f"tree must be a DDTreeBuildResult, got {type(tree).__name__}")
+    return tree
+
+
+def check_verify_inputs(tree: DDTreeBuildResult, target_logits: torch.Tensor) -> None:
+    """ValueError (naming the argument) unless target_logits is a finite [B, N, V] tensor matching tree."""
+    _check_tree(tree)
+    check_tensor("target_logits", target_logits, ndim=3, floating=True)
+    check_dim("target_logits", target_logits, 0, tree.batch_size, "the tree's batch size")
+    check_dim("target_logits", target_logits, 1, tree.num_columns, "the tree's column count N")
+    check_same_device("target_logits", target_logits, "tree", tree.token_ids)
+    check_all_finite("target_logits", target_logits)
+
+
+def resolve_max_depth(tree: DDTreeBuildResult, max_depth: int | None) -> int:
+    """D for `accepted_nodes` [B, D + 1]: the explicit value, else the tree's deepest node."""
+    if max_depth is None:
+        return int(tree.depths.max()) if tree.depths.numel() else 0
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
+        raise ValueError(f"max_depth must be a non-negative int, got {max_depth!r}")
+    return max_depth
+
+
+def edge_probs(tree: DDTreeBuildResult, probs: torch.Tensor) -> torch.Tensor:
+    """[B, N] fp32: probs[b, parent(i), token(i)] for real non-root nodes, 0 for the root and padding."""
+    batch, cols, vocab = probs.shape
+    real = tree.parents >= 0  # [B, N], root and padding have parent -1
+    flat = tree.parents.clamp_min(0) * vocab + tree.token_ids.clamp_min(0)  # [B, N]
+    values = probs.reshape(batch, cols * vocab).gather(1, flat).float()  # [B, N]
+    return values.masked_fill_(~real, 0.0)
+
+
+def path_products(tree: DDTreeBuildResult, edge_values: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """[B, N] fp32: product of `edge_values` along the path from the root (root 1; deeper than D: 0)."""
+    cols = torch.arange(tree.num_columns, device=tree.device)
+    prod = (cols == 0).to(torch.float32).expand_as(edge_values).contiguous()  # [B, N]
+    parent = tree.parents.clamp_min(0)
+    for depth in range(1, max_depth + 1):
+        at_depth = (tree.depths == depth) & (tree.parents >= 0)  # [B, N]
+        prod = torch.where(at_depth, edge_values * prod.gather(1, parent), prod)
+    return prod
+
+
+def walk(tree: DDTreeBuildResult, picks: torch.Tensor, edge_p: torch.Tensor, max_depth: int) -> VerifyResult:
+    """The shared walk: accept while the pick at the current node is one of its children.
+
+    picks  [B, N] int64: token picked at each node (row i = at node i).
+    edge_p [B, N] fp32: processed target prob of each node's token at its parent (for the expectation).
+    """
+    batch, cols = tree.token_ids.shape
+    parent = tree.parents.clamp_min(0)
+    # Node i matches when it is a real node whose token is the pick at its parent.
+    match = (tree.parents >= 0) & (tree.token_ids == picks.gather(1, parent))  # [B, N]
+    accepted = path_products(tree, match.to(torch.float32), max_depth) > 0.5  # [B, N], root included
+    expected = path_products(tree, edge_p, max_depth)[:, 1:].sum(dim=1)  # [B]
+
+    accept_len = accepted.sum(dim=1) - 1  # [B], root excluded
+    # One accepted node per depth: scatter node indices into their depth slot (spare slot D + 1 for the rest).
+    slot = torch.where(accepted, tree.depths.clamp(0, max_depth), max_depth + 1)  # [B, N]
+    node_ids = torch.arange(cols, device=tree.device).expand(batch, cols)
+    accepted_nodes = torch.full((batch, max_depth + 2), -1, dtype=torch.int64, device=tree.device)
+    accepted_nodes.scatter_(1, slot, node_ids)
+    accepted_nodes = accepted_nodes[:, : max_depth + 1].contiguous()  # [B, D + 1]
+    last = accepted_nodes.gather(1, accept_len.unsqueeze(1))  # [B, 1]
+    bonus = picks.gather(1, last).squeeze(1)  # [B]
+    return VerifyResult(
+        accept_len=accept_len,
+        accepted_nodes=accepted_nodes,
+        bonus_token=bonus,
+        expected_accept_len=expected.to(torch.float32),
+    )
+
+
+def verify_greedy(
+    tree: DDTreeBuildResult, target_logits: torch.Tensor, *, max_depth: int | None = None
+) -> VerifyResult:
+    """Greedy verify: argmax pick per node, then the shared walk (expected_accept_len = accept_len)."""
+    check_verify_inputs(tree, target_logits)
+    depth = resolve_max_depth(tree, max_depth)
+    picks = target_logits.argmax(dim=-1)  # [B, N]
+    parent = tree.parents.clamp_min(0)
+    one_hot_edges = ((tree.parents >= 0) & (tree.token_ids == picks.gather(1, parent))).to(torch.float32)
+    return walk(tree, picks, one_hot_edges, depth)
+
+
+def sample_from_probs_(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One exact sample per row of probs [..., V] by inverse CDF; DESTROYS probs (cumsum in place).
+
+    Tokens with zero probability are never drawn: u < total mass, so the first cdf > u is a token
+    with positive mass.
+    """
+    cdf = probs.cumsum_(dim=-1)  # [..., V]
+    total = cdf[..., -1:]  # [..., 1]
+    u = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    tokens = torch.searchsorted(cdf, u, right=True)  # [..., 1]
+    return tokens.clamp_max_(probs.shape[-1] - 1).squeeze(-1)
+
+
+def _sglang_kernel_usable(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    from ddtree.core.kernels import load_sglang_kernel
+
+    return load_sglang_kernel() is not None
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """'auto' -> 'sglang' when the SGLang kernel imports and the tensors are on CUDA, else 'torch'."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "sglang" if _sglang_kernel_usable(device) else "torch"
+    if backend == "sglang" and not _sglang_kernel_usable(device):
+        raise ValueError(
+            "backend='sglang' needs CUDA tensors and an importable "
+            "sglang.kernels.ops.speculative.verify_sampling.tree_speculative_sampling_target_only"
+        )
+    return backend
+
+
+def verify_sampling(
+    tree: DDTreeBuildResult,
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    *,
+    max_depth: int | None = None,
+    backend: str = "auto",
+) -> VerifyResult:
+    """Lossless sampling verify (sample-and-walk); temperature-0 rows behave exactly as `verify_greedy`.
+
+    backend: "torch" (vectorised reference, everywhere), "sglang" (SGLang's
+    tree_speculative_sampling_target_only on CUDA, zero draft probs, thresholds 1), "reference"
+    (the pure-torch reference of that kernel, through the same adapter), "auto" (sglang when usable).
+    """
+    check_verify_inputs(tree, target_logits)
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+    depth = resolve_max_depth(tree, max_depth)
+    backend = resolve_backend(backend, target_logits.device)
+    if params.all_greedy:
+        params.broadcast(tree.batch_size, target_logits.device)  # same argument checks as the sampled path
+        return verify_greedy(tree, target_logits, max_depth=depth)
+
+    probs = process_logits_unchecked(target_logits, params)  # [B, N, V] fp32, the one buffer
+    if backend in ("sglang", "reference"):
+        from ddtree.core.kernels import load_sglang_kernel, reference_tree_speculative_sampling_target_only, verify_with_kernel
+        from ddtree.core.retrieve import encode_retrieve
+
+        kernel = load_sglang_kernel() if backend == "sglang" else reference_tree_speculative_sampling_target_only
+        return verify_with_kernel(
+            tree, encode_retrieve(tree), probs, kernel=kernel, generator=generator, max_depth=depth
+        )
+
+    edge_p = edge_probs(tree, probs)  # [B, N], read before the buffer is consumed
+    picks = sample_from_probs_(probs, generator)  # [B, N]
+    return walk(tree, picks, edge_p, depth)
+
+
+def commit(tree: DDTreeBuildResult, verify_result: VerifyResult) -> CommitResult:
+    """What to keep after a round: accepted node indices (KV / hidden rows) and emitted tokens.
+
+    emitted_tokens[b] = tokens of the accepted nodes after the root, then the bonus, -1 padded.
+    """
+    _check_tree(tree)
+    if not isinstance(verify_result, VerifyResult):
+        raise ValueError(f"verify_result must be a VerifyResult, got {type(verify_result).__name__}")
+    check_same_device("verify_result.accepted_nodes", verify_result.accepted_nodes, "tree", tree.token_ids)
+    check_dim("verify_result.accepted_nodes", verify_result.accepted_nodes, 0, tree.batch_size, "the tree's batch size")
+    nodes = verify_result.accepted_nodes  # [B, D + 1]
+    accept_len = verify_result.accept_len  # [B]
+    width = nodes.shape[1]
+    slots = torch.arange(width, device=nodes.device).unsqueeze(0)  # [1, D + 1]
+    # Slot j (j < accept_len) emits the token of accepted node j + 1; slot accept_len emits the bonus.
+    next_nodes = torch.cat([nodes[:, 1:], torch.full_like(nodes[:, :1], -1)], dim=1)  # [B, D + 1]
+    drafted = tree.token_ids.gather(1, next_nodes.clamp_min(0))  # [B, D + 1]
+    emitted = torch.where(slots < accept_len.unsqueeze(1), drafted, torch.full_like(drafted, -1))
+    emitted = torch.where(slots == accept_len.unsqueeze(1), verify_result.bonus_token.unsqueeze(1), emitted)
+    kept = accept_len + 1
+    return CommitResult(accepted_nodes=nodes, num_kept=kept, emitted_tokens=emitted, num_emitted=kept.clone())
