@@ -281,9 +281,9 @@ class DecodingEngine:
             out = self._forward(tokens, tree_pos, cache, attention_mask=mask4, hidden=True)
             logits = out.logits  # [1, N, V]
             if greedy:
-                result = verify_greedy(tree, logits)
+                result = verify_greedy(tree, logits, max_depth=depth)
             else:
-                result = verify_sampling(tree, logits.float(), params, generator=generator)
+                result = verify_sampling(tree, logits, params, generator=generator, max_depth=depth)
             clock.lap("verify")
 
             # 5. commit
