@@ -137,6 +137,11 @@ def check_max_new_tokens(value: Any, prompt_len: int, limits: Limits, field: str
     return int(value)
 
 
+def default_length(default: int, prompt_len: int, limits: Limits) -> int:
+    """A length the client did not ask for is clipped to the room left; an explicit one is checked."""
+    return max(1, min(default, limits.max_context - prompt_len))
+
+
 def check_prompt_length(ids: list[int], limits: Limits, field: str) -> None:
     if len(ids) >= limits.max_context:
         raise RequestError(
@@ -194,7 +199,8 @@ def parse_generate(payload: dict[str, Any], tokenizer: TokenizerLike, limits: Li
     if not isinstance(sp, dict):
         raise RequestError("sampling_params", "must be a JSON object")
     max_new = check_max_new_tokens(
-        sp.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS), len(input_ids), limits, "sampling_params.max_new_tokens"
+        sp.get("max_new_tokens", default_length(DEFAULT_MAX_NEW_TOKENS, len(input_ids), limits)),
+        len(input_ids), limits, "sampling_params.max_new_tokens",
     )
     ignore_eos = sp.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
@@ -232,7 +238,8 @@ def parse_completion(payload: dict[str, Any], tokenizer: TokenizerLike, limits: 
     if payload.get("n", 1) != 1:
         raise RequestError("n", "only n = 1 is supported")
     max_tokens = check_max_new_tokens(
-        payload.get("max_tokens", DEFAULT_COMPLETION_MAX_TOKENS), len(input_ids), limits, "max_tokens"
+        payload.get("max_tokens", default_length(DEFAULT_COMPLETION_MAX_TOKENS, len(input_ids), limits)),
+        len(input_ids), limits, "max_tokens",
     )
     request = GenerationRequest(
         input_ids=input_ids,
