@@ -1,0 +1,297 @@
+"""Figures and tables of the papermill reports (notebooks/ stay thin and call these).
+
+Every figure function returns a `Panel`: the seaborn figure (or None), the table of the
+numbers behind it, and a note that says what is missing when data are absent, so the
+report shows a visible note instead of failing (e.g. a profile run with one budget).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+TABLE_NAMES = ("acceptance", "accept_hist", "throughput", "stages", "speedup", "greedy_match", "sampling_test",
+               "environment")
+STAGE_ORDER = ["draft", "tree_build", "tree_compile", "verify", "commit"]
+
+
+@dataclass
+class Panel:
+    title: str
+    figure: Any = None  # matplotlib Figure
+    table: pd.DataFrame = field(default_factory=pd.DataFrame)
+    notes: list[str] = field(default_factory=list)
+
+
+def load_tables(tables_dir: str | Path, profile: str | None = None) -> dict[str, pd.DataFrame]:
+    """Read every table (parquet); filter to one hardware profile when given. Missing -> empty."""
+    tables = {}
+    for name in TABLE_NAMES:
+        path = Path(tables_dir) / f"{name}.parquet"
+        frame = pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+        if profile is not None and "profile" in frame.columns:
+            frame = frame[frame["profile"] == profile].reset_index(drop=True)
+        tables[name] = frame
+    return tables
+
+
+def run_label(method: str, budget: float | None) -> str:
+    if budget is None or (isinstance(budget, float) and math.isnan(budget)):
+        return str(method)
+    return f"{method}-b{int(budget)}"
+
+
+def _with_run(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.copy()
+    frame["run"] = [run_label(m, b) for m, b in zip(frame["method"], frame["budget"])]
+    return frame
+
+
+def _run_order(frame: pd.DataFrame) -> list[str]:
+    runs = frame[["method", "budget", "run"]].drop_duplicates()
+    rank = {"ar": 0, "dflash": 1, "ddtree": 2}
+    runs = runs.assign(_m=runs["method"].map(rank).fillna(3), _b=runs["budget"].fillna(-1))
+    return list(runs.sort_values(["_m", "_b"])["run"])
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="notebook")
+    return plt, sns
+
+
+def speedup_tau_panel(tables: dict[str, pd.DataFrame]) -> Panel:
+    """Speedup over ar and tau against the ddtree budget, one line per sampling variant;
+    dflash as dashed lines at its (budget-free) value."""
+    panel = Panel("Speedup and tau vs budget")
+    speed = tables.get("speedup", pd.DataFrame())
+    if speed.empty:
+        panel.notes.append("No acceptance records: speedup and tau cannot be shown.")
+        return panel
+    speed = _with_run(speed)
+    panel.table = speed[["pair", "dataset", "variant", "temperature", "run", "requests", "tau", "mean_tpot",
+                         "ar_mean_tpot", "speedup"]]
+    if speed["ar_mean_tpot"].isna().all():
+        panel.notes.append("No ar baseline in these runs: speedup is undefined (tau is still shown).")
+    ddtree = speed[speed["method"] == "ddtree"]
+    if ddtree["budget"].nunique() < 2:
+        panel.notes.append(f"Only {ddtree['budget'].nunique()} ddtree budget(s) ran: the budget axis has one point.")
+    plt, sns = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    variants = list(dict.fromkeys(speed["variant"]))
+    palette = dict(zip(variants, sns.color_palette(n_colors=max(len(variants), 1))))
+    for ax, metric in zip(axes, ("speedup", "tau")):
+        if not ddtree.empty:
+            sns.lineplot(data=ddtree, x="budget", y=metric, hue="variant", palette=palette, marker="o",
+                         errorbar=None, ax=ax)
+        for variant, part in speed[speed["method"] == "dflash"].groupby("variant"):
+            ax.axhline(part[metric].mean(), ls="--", color=palette.get(variant), alpha=0.8)
+        if metric == "speedup":
+            ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{metric} (ddtree lines; dflash dashed)")
+    fig.tight_layout()
+    panel.figure = fig
+    return panel
+
+
+def accept_hist_panel(tables: dict[str, pd.DataFrame]) -> Panel:
+    """Per-round accept-length distribution, greedy vs sampled, for dflash and the largest ddtree budget."""
+    panel = Panel("Accept-length distribution, greedy vs sampled")
+    hist = tables.get("accept_hist", pd.DataFrame())
+    hist = hist[hist["method"].isin(["dflash", "ddtree"])] if not hist.empty else hist
+    if hist.empty:
+        panel.notes.append("No speculative rounds recorded: no accept-length distribution.")
+        return panel
+    hist = _with_run(hist)
+    largest = hist[hist["method"] == "ddtree"]["budget"].max()
+    keep = hist[(hist["method"] == "dflash") | (hist["budget"] == largest)]
+    panel.table = keep[["pair", "run", "variant", "temperature", "accept_len", "rounds", "fraction"]]
+    plt, sns = _plt()
+    runs = _run_order(keep)
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4), squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        sns.barplot(data=keep[keep["run"] == run], x="accept_len", y="fraction", hue="variant", ax=ax,
+                    errorbar=None)
+        ax.set_title(f"{run}: accepted drafts per round")
+    fig.tight_layout()
+    panel.figure = fig
+    return panel
+
+
+def observed_expected_panel(tables: dict[str, pd.DataFrame]) -> Panel:
+    """Mean accepted drafts per round against the exact expectation from the verify logits."""
+    panel = Panel("Observed vs expected acceptance")
+    acc = tables.get("acceptance", pd.DataFrame())
+    if not acc.empty:
+        acc = acc[acc["method"].isin(["dflash", "ddtree"]) & acc["error"].isna()]
+        acc = acc.dropna(subset=["mean_accept_len", "mean_expected_accept_len"])
+    if acc.empty:
+        panel.notes.append("No expected accept lengths recorded.")
+        return panel
+    acc = _with_run(acc)
+    panel.table = (acc.groupby(["pair", "run", "variant"], dropna=False)
+                   .agg(requests=("prompt_id", "size"), observed=("mean_accept_len", "mean"),
+                        expected=("mean_expected_accept_len", "mean")).reset_index())
+    plt, sns = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    sns.scatterplot(data=acc, x="mean_expected_accept_len", y="mean_accept_len", hue="variant", style="run", ax=ax)
+    hi = float(np.nanmax(acc[["mean_accept_len", "mean_expected_accept_len"]].to_numpy())) * 1.05 + 1e-9
+    ax.plot([0, hi], [0, hi], color="black", lw=0.8)
+    ax.set(xlabel="expected accepted drafts / round", ylabel="observed accepted drafts / round",
+           title="per request (line: observed = expected)")
+    fig.tight_layout()
+    panel.figure = fig
+    return panel
+
+
+def throughput_panel(tables: dict[str, pd.DataFrame]) -> Panel:
+    panel = Panel("Throughput and latency vs concurrency")
+    thr = tables.get("throughput", pd.DataFrame())
+    if thr.empty:
+        panel.notes.append("No throughput records.")
+        return panel
+    thr = _with_run(thr)
+    panel.table = thr[["pair", "run", "concurrency", "requests", "errors", "output_tok_per_s", "mean_e2e_latency",
+                       "p90_e2e_latency", "mean_ttft", "mean_tpot"]]
+    if thr["concurrency"].nunique() < 2:
+        panel.notes.append("Only one concurrency level ran.")
+    if thr["errors"].sum() > 0:
+        panel.notes.append(f"{int(thr['errors'].sum())} throughput request(s) failed; they are excluded.")
+    plt, sns = _plt()
+    order = _run_order(thr)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    sns.lineplot(data=thr, x="concurrency", y="output_tok_per_s", hue="run", hue_order=order, marker="o",
+                 ax=axes[0], errorbar=None)
+    sns.lineplot(data=thr, x="concurrency", y="p50_e2e_latency", hue="run", hue_order=order, marker="o",
+                 ax=axes[1], errorbar=None)
+    axes[0].set_title("output tokens / s")
+    axes[1].set_title("median end-to-end latency (s)")
+    fig.tight_layout()
+    panel.figure = fig
+    return panel
+
+
+def stages_panel(tables: dict[str, pd.DataFrame]) -> Panel:
+    panel = Panel("Per-stage time per round")
+    stages = tables.get("stages", pd.DataFrame())
+    if stages.empty:
+        panel.notes.append("No per-stage times recorded.")
+        return panel
+    stages = _with_run(stages)
+    per_run = (stages.groupby(["run", "stage"], dropna=False)
+               .agg(seconds=("seconds", "sum"), rounds=("rounds", "sum")).reset_index())
+    per_run["ms_per_round"] = 1e3 * per_run["seconds"] / per_run["rounds"].replace(0, np.nan)
+    panel.table = per_run
+    wide = per_run.pivot(index="run", columns="stage", values="ms_per_round").fillna(0.0)
+    wide = wide.reindex(index=[r for r in _run_order(stages) if r in wide.index],
+                        columns=[s for s in STAGE_ORDER if s in wide.columns] +
+                        [s for s in wide.columns if s not in STAGE_ORDER])
+    plt, _ = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    wide.plot(kind="bar", stacked=True, ax=ax)
+    ax.set(ylabel="ms per round", xlabel="", title="stage breakdown (all variants)")
+    fig.tight_layout()
+    panel.figure = fig
+    return panel
+
+
+def lossless_panel(tables: dict[str, pd.DataFrame]) -> Panel:
+    """T = 0 match rate against ar by prompt; T > 0 chi-square p-values against alpha."""
+    panel = Panel("Losslessness")
+    match = tables.get("greedy_match", pd.DataFrame())
+    test = tables.get("sampling_test", pd.DataFrame())
+    if match.empty:
+        panel.notes.append("No T = 0 comparison against ar (ar or a greedy variant did not run).")
+    if test.empty:
+        panel.notes.append("No T > 0 comparison against ar (ar or a sampled variant did not run).")
+    if match.empty and test.empty:
+        return panel
+    plt, sns = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    parts = []
+    if not match.empty:
+        match = _with_run(match)
+        sns.barplot(data=match, x="run", y="match_rate", hue="variant", ax=axes[0], errorbar=None)
+        axes[0].set(ylim=(0, 1.05), title="T = 0: output identical to ar (by prompt)")
+        parts.append(match.assign(kind="T=0 match")[["kind", "pair", "run", "variant", "n", "match_rate",
+                                                      "mean_prefix_fraction"]])
+    if not test.empty:
+        test = _with_run(test)
+        combined = test[test["position"] == -1].copy()
+        alpha = float(combined["alpha"].iloc[0]) if len(combined) else float("nan")
+        combined["neg_log10_p"] = -np.log10(combined["p_value"].clip(lower=1e-300))
+        sns.barplot(data=combined, x="run", y="neg_log10_p", hue="variant", ax=axes[1], errorbar=None)
+        axes[1].axhline(-math.log10(alpha), color="red", ls="--", label=f"alpha = {alpha}")
+        axes[1].set(title="T > 0: chi-square vs ar (Bonferroni p; above red = reject)", ylabel="-log10 p")
+        rejects = combined[combined["reject"]]
+        if len(rejects):
+            panel.notes.append(f"T > 0 test rejects at alpha = {alpha} for: "
+                               + ", ".join(f"{r.run}/{r.variant}" for r in rejects.itertuples()))
+        parts.append(combined.assign(kind="T>0 test")[["kind", "pair", "run", "variant", "n_a", "n_b", "p_value",
+                                                        "alpha", "reject"]])
+    fig.tight_layout()
+    panel.figure = fig
+    panel.table = pd.concat(parts, ignore_index=True)
+    return panel
+
+
+def profile_panels(tables: dict[str, pd.DataFrame]) -> list[Panel]:
+    return [speedup_tau_panel(tables), accept_hist_panel(tables), observed_expected_panel(tables),
+            throughput_panel(tables), stages_panel(tables), lossless_panel(tables)]
+
+
+def hardware_summary(tables: dict[str, pd.DataFrame]) -> Panel:
+    """Across profiles: the best ddtree budget per (profile, pair, variant) against dflash."""
+    panel = Panel("Across hardware: best budget per profile")
+    speed = tables.get("speedup", pd.DataFrame())
+    if speed.empty:
+        panel.notes.append("No acceptance records in any profile.")
+        return panel
+    speed = _with_run(speed)
+    keys = ["profile", "pair", "variant"]
+    dd = speed[speed["method"] == "ddtree"].dropna(subset=["speedup"])
+    best = dd.loc[dd.groupby(keys)["speedup"].idxmax()] if not dd.empty else dd
+    dflash = speed[speed["method"] == "dflash"][keys + ["speedup", "tau"]].rename(
+        columns={"speedup": "dflash_speedup", "tau": "dflash_tau"})
+    table = best[keys + ["budget", "speedup", "tau"]].merge(dflash, on=keys, how="outer")
+    panel.table = table
+    if table.empty or table["speedup"].isna().all():
+        panel.notes.append("No ddtree speedup against ar is available.")
+        return panel
+    if table["profile"].nunique() < 2:
+        panel.notes.append("Only one hardware profile has results.")
+    plt, sns = _plt()
+    long = table.melt(id_vars=keys, value_vars=["speedup", "dflash_speedup"], var_name="method",
+                      value_name="x_over_ar").replace({"speedup": "ddtree (best budget)", "dflash_speedup": "dflash"})
+    grid = sns.catplot(data=long, x="profile", y="x_over_ar", hue="method", col="variant", kind="bar",
+                       errorbar=None, height=3.6, aspect=1.0)
+    grid.set_titles("{col_name}")
+    panel.figure = grid.figure
+    return panel
+
+
+def show(panel: Panel) -> None:
+    """Notebook display: heading, notes, figure, then the table of the numbers behind it."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(f"## {panel.title}"))
+    for note in panel.notes:
+        display(Markdown(f"> **Note:** {note}"))
+    if panel.figure is not None:
+        display(panel.figure)
+        import matplotlib.pyplot as plt
+
+        plt.close(panel.figure)
+    if not panel.table.empty:
+        display(panel.table.round(4).reset_index(drop=True))

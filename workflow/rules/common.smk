@@ -1,0 +1,215 @@
+# Imports, configuration and hardware-profile validation, and the helper functions every
+# rule uses (no lambdas in rules). Reusable logic lives in the tested `ddtree.pipeline`.
+import json
+from pathlib import Path
+
+import yaml
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+from ddtree.pipeline import config as pipeline_config
+from ddtree.pipeline import stage as pipeline_stage
+
+
+validate(config, "../schemas/config.schema.yaml")
+
+HARDWARE_DIR = Path("config/hardware")
+# Jobs run in the conda environment that environment.yml creates (`conda env create -f
+# environment.yml`; it installs this package editable). A named environment, because Snakemake
+# copies env files into .snakemake/conda/, where environment.yml's `-e .` would not resolve.
+CONDA_ENV = yaml.safe_load(Path("environment.yml").read_text())["name"]
+AVAILABLE_PROFILES = sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
+
+try:
+    pipeline_config.check_references(config, AVAILABLE_PROFILES)
+except ValueError as exc:
+    raise WorkflowError(f"config: {exc}") from None
+
+
+def _load_profile(name):
+    path = HARDWARE_DIR / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        validate(data, "../schemas/hardware.schema.yaml")
+        pipeline_config.check_hardware_profile(name, data)
+    except (WorkflowError, ValueError) as exc:
+        raise WorkflowError(f"hardware profile {path}: {exc}") from None
+    return data
+
+
+HARDWARE = {name: _load_profile(name) for name in config["hardware"]}
+PAIRS = {name: config["model_pairs"][name] for name in config["pairs"]}
+EMBEDDED_PAIRS = [name for name, pair in PAIRS.items() if pair["source"] == "embedded"]
+HUB_PAIRS = [name for name, pair in PAIRS.items() if pair["source"] == "hub"]
+DATASETS = {name: config["dataset_catalog"][name] for name in config["datasets"]}
+HUB_DATASETS = [name for name, ds in DATASETS.items() if ds["source"] == "hub"]
+RUNS = pipeline_config.run_ids(config["methods"], config["budgets"])
+
+# A configured hub pair that is not staged yet fails here, at once, when the hub is unreachable.
+for _pair in HUB_PAIRS:
+    try:
+        pipeline_stage.ensure_hub_available(_pair, PAIRS[_pair], f"resources/models/{_pair}")
+    except pipeline_stage.HubUnavailableError as exc:
+        raise WorkflowError(str(exc)) from None
+
+
+def names_regex(names):
+    """Wildcard constraint matching exactly the given names (nothing when empty)."""
+    import re
+
+    return "|".join(re.escape(n) for n in names) if names else "(?!x)x"
+
+
+wildcard_constraints:
+    profile=names_regex(config["hardware"]),
+    pair=names_regex(config["pairs"]),
+    embedded_pair=names_regex(EMBEDDED_PAIRS),
+    hub_pair=names_regex(HUB_PAIRS),
+    dataset=names_regex(HUB_DATASETS),
+    run=names_regex(RUNS),
+
+
+# ------------------------------------------------------------------ paths
+
+
+def pair_dir(pair):
+    return f"resources/models/{pair}"
+
+
+def pair_manifest(wildcards):
+    return f"{pair_dir(wildcards.pair)}/manifest.json"
+
+
+def run_dir(profile, pair, run):
+    return f"results/{profile}/{pair}/{run}"
+
+
+def hub_dataset_markers(wildcards):
+    return [f"resources/datasets/{name}/staged.json" for name in HUB_DATASETS]
+
+
+def selfcheck_file(wildcards):
+    return f"results/{wildcards.profile}/build/selfcheck.json"
+
+
+def all_plans():
+    return [
+        f"{run_dir(profile, pair, run)}/plan.json"
+        for profile in config["hardware"]
+        for pair in config["pairs"]
+        for run in RUNS
+    ]
+
+
+def all_summaries():
+    return [p.replace("plan.json", "summary.json") for p in all_plans()]
+
+
+TABLES = ["acceptance", "accept_hist", "throughput", "stages", "speedup", "greedy_match", "sampling_test",
+          "environment"]
+
+
+def table_files():
+    return [f"results/tables/{name}.{ext}" for name in TABLES for ext in ("parquet", "csv")]
+
+
+def aggregate_tables():
+    return [f for f in table_files() if Path(f).stem != "environment"]
+
+
+def output_parent(wildcards, output):
+    return str(Path(output[0]).parent)
+
+
+def final_outputs():
+    return (
+        [f"results/reports/{profile}.html" for profile in config["hardware"]]
+        + ["results/reports/summary.html"]
+        + table_files()
+    )
+
+
+# ------------------------------------------------------------------ rule parameters
+
+
+def embedded_size(wildcards):
+    return PAIRS[wildcards.embedded_pair]["size"]
+
+
+def embedded_seed(wildcards):
+    return PAIRS[wildcards.embedded_pair]["seed"]
+
+
+def profile_device(wildcards):
+    return HARDWARE[wildcards.profile]["device"]
+
+
+def profile_threads(wildcards):
+    return int(HARDWARE[wildcards.profile]["threads"])
+
+
+def dataset_spec(wildcards):
+    return DATASETS[wildcards.dataset]
+
+
+def report_parameters(wildcards):
+    """papermill -p arguments of the per-profile report (quoted for the shell)."""
+    return f"-p profile {wildcards.profile} -p tables_dir results/tables"
+
+
+# ------------------------------------------------------------------ cluster resources
+# Read from the hardware profile of the job's {profile} wildcard: the one place that says
+# which partition, GPU model and GPU count a profile gets. The SLURM executor maps
+# slurm_partition/gpu/gpu_model/cpus_per_task/mem_mb/runtime onto sbatch.
+
+
+def _resources(wildcards):
+    return HARDWARE[wildcards.profile]["resources"]
+
+
+def res_partition(wildcards):
+    return _resources(wildcards)["partition"]
+
+
+def res_account(wildcards):
+    return _resources(wildcards).get("account") or ""
+
+
+def res_gpus(wildcards):
+    return int(_resources(wildcards)["gpus"])
+
+
+def res_gpu_model(wildcards):
+    return _resources(wildcards)["gpu_model"] or ""
+
+
+def res_cpus(wildcards):
+    return int(_resources(wildcards)["cpus"])
+
+
+def res_mem_mb(wildcards):
+    return int(_resources(wildcards)["mem_mb"])
+
+
+def res_runtime(wildcards):
+    return int(_resources(wildcards)["runtime_min"])
+
+
+def res_constraint(wildcards):
+    return _resources(wildcards).get("constraint") or ""
+
+
+def hub_pair_spec(wildcards):
+    return PAIRS[wildcards.hub_pair]
+
+
+def pair_spec(wildcards):
+    return PAIRS[wildcards.pair]
+
+
+def profile_spec(wildcards):
+    return HARDWARE[wildcards.profile]
+
+
+def pair_dir_of(wildcards):
+    return pair_dir(wildcards.pair)

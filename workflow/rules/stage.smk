@@ -1,0 +1,62 @@
+# Stage 1: model pairs into resources/models/<pair>/ (target/, drafter/, manifest.json) and
+# opt-in hub datasets into resources/datasets/<name>/.
+
+
+rule train_embedded_pair:
+    output:
+        manifest="resources/models/{embedded_pair}/manifest.json",
+    params:
+        size=embedded_size,
+        seed=embedded_seed,
+        out=subpath(output.manifest, parent=True),
+    log:
+        "results/logs/stage/{embedded_pair}.log",
+    threads: 8
+    conda:
+        CONDA_ENV
+    shell:
+        "ddtree train-pair --size {params.size} --seed {params.seed} --out {params.out} > {log} 2>&1"
+
+
+rule stage_hub_pair:
+    output:
+        manifest="resources/models/{hub_pair}/manifest.json",
+    params:
+        spec=hub_pair_spec,
+    log:
+        "results/logs/stage/{hub_pair}.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/stage_hub_pair.py"
+
+
+rule stage_hub_dataset:
+    output:
+        marker="resources/datasets/{dataset}/staged.json",
+    params:
+        spec=dataset_spec,
+    log:
+        "results/logs/stage/dataset-{dataset}.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/stage_hub_dataset.py"
+
+
+rule prepare_prompts:
+    input:
+        manifest=pair_manifest,
+        datasets=hub_dataset_markers,
+    output:
+        prompts="results/prompts/{pair}.jsonl",
+    params:
+        pair_spec=pair_spec,
+        datasets=DATASETS,
+        num_prompts=config["acceptance"]["num_prompts"],
+    log:
+        "results/logs/prompts/{pair}.log",
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/prepare_prompts.py"
