@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for CPU timings")
     parser.add_argument("--no-verify", action="store_true", help="skip the verify columns")
     parser.add_argument("--check", action="store_true", help="also check heap == batched == auto (== eager) per cell")
+    parser.add_argument(
+        "--breakdown", type=_int_list, default=None, metavar="B,BUDGET",
+        help="also time the pieces of the batched build (vocabulary step, beam) at this one (B, budget)",
+    )
     parser.add_argument("--json-out", type=Path, default=None, help="write the rows and the setup as JSON")
 
 
@@ -93,6 +97,12 @@ def _env(**values: str):
 
 def _same(a, b) -> bool:
     return all(torch.equal(getattr(a, f), getattr(b, f)) for f in FIELDS)
+
+
+def _triton_usable(device: torch.device) -> bool:
+    from ddtree.core.build import _triton_lse_usable
+
+    return _triton_lse_usable(device)
 
 
 def _load_verify():
@@ -174,6 +184,34 @@ def bench_cell(
     return row
 
 
+def breakdown(batch: int, budget: int, *, vocab: int, depth: int, device: torch.device, dtype: torch.dtype,
+              repeats: int, warmup: int, seed: int) -> dict:
+    """Milliseconds of the pieces of one batched build (eager calls; the graph replay for the total)."""
+    from ddtree.core import build as B
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn((batch, depth, vocab), generator=gen, device=device, dtype=torch.float32).mul_(3).to(dtype)
+    x2d = logits.reshape(-1, vocab)
+    k = min(budget, vocab)
+    out = {"batch": batch, "budget": budget}
+    t = lambda fn: time_call(fn, device, repeats, warmup)  # noqa: E731
+    out["logsumexp(x.float())"] = t(lambda: torch.logsumexp(x2d.float(), -1))
+    if device.type == "cuda" and B._triton_lse_usable(device):
+        from ddtree.core.triton_kernels import row_lse_and_min
+
+        out["triton row lse+min"] = t(lambda: row_lse_and_min(x2d))
+    out["isfinite(x).all()"] = t(lambda: torch.isfinite(x2d).all())
+    out["x.topk(k) raw dtype"] = t(lambda: x2d.topk(k, dim=-1))
+    out["log_softmax(x.float()).topk(k)"] = t(lambda: torch.log_softmax(x2d.float(), -1).topk(k, dim=-1))
+    out["depth_topk (vocab step)"] = t(lambda: B.depth_topk(logits, k))
+    out["batched eager total"] = t(lambda: B._batched_tensors(logits, budget))
+    if device.type == "cuda":
+        out["static input copy"] = t(lambda: torch.empty_like(logits).copy_(logits))
+        out["batched graph total"] = t(lambda: build_tree(logits, budget, method="batched"))
+    out["heap total"] = t(lambda: build_tree(logits, budget, method="heap"))
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # table
 # --------------------------------------------------------------------------------------------------
@@ -230,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         "depth": args.depth,
         "repeats": repeats,
         "warmup": warmup,
+        "triton_lse": bool(device.type == "cuda" and _triton_usable(device)),
         "verify": "skipped" if args.no_verify else ("ok" if verify else "n/a (ddtree.core.verify not importable)"),
     }
     rows = []
@@ -240,9 +279,20 @@ def run(args: argparse.Namespace) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print(f"ddtree bench core: {setup['device_name']}, torch {setup['torch']}, logits {dtype_name}, "
-          f"V={args.vocab}, D={args.depth}, median of {repeats} (warmup {warmup}), verify: {setup['verify']}")
+          f"V={args.vocab}, D={args.depth}, triton lse: {setup['triton_lse']}, median of {repeats} (warmup {warmup}), verify: {setup['verify']}")
     print(format_table(rows), flush=True)
+    result = {"setup": setup, "rows": rows}
+    if args.breakdown is not None:
+        if len(args.breakdown) != 2:
+            raise SystemExit("--breakdown takes B,BUDGET")
+        pieces = breakdown(args.breakdown[0], args.breakdown[1], vocab=args.vocab, depth=args.depth, device=device,
+                           dtype=dtype, repeats=repeats, warmup=warmup, seed=args.seed)
+        result["breakdown"] = pieces
+        print(f"breakdown at B={pieces['batch']}, budget={pieces['budget']} (ms, median):")
+        for name, value in pieces.items():
+            if name not in ("batch", "budget"):
+                print(f"  {name:32s} {value:8.3f}")
     if args.json_out is not None:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps({"setup": setup, "rows": rows}, indent=2) + "\n")
+        args.json_out.write_text(json.dumps(result, indent=2) + "\n")
     return 0

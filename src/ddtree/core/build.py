@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import warnings
 from collections import OrderedDict
 from functools import lru_cache
 
@@ -336,6 +337,7 @@ class _GraphedBuild:
 
 
 _GRAPHS: OrderedDict[tuple, _GraphedBuild] = OrderedDict()
+_UNGRAPHABLE: set[tuple] = set()
 _MAX_GRAPHS = 16
 
 
@@ -345,9 +347,16 @@ def _graphs_enabled() -> bool:
 
 def _build_batched_graphed(logits: torch.Tensor, budget: int) -> DDTreeBuildResult:
     key = (tuple(logits.shape), logits.dtype, budget, logits.device.index)
+    if key in _UNGRAPHABLE:
+        return _build_batched_eager(logits, budget)
     graphed = _GRAPHS.get(key)
     if graphed is None:
-        graphed = _GraphedBuild(logits, budget)
+        try:
+            graphed = _GraphedBuild(logits, budget)
+        except RuntimeError as exc:  # capture refused (e.g. inside another capture): eager is exact too
+            warnings.warn(f"ddtree build_tree: CUDA graph capture failed ({exc}); using the eager batched build")
+            _UNGRAPHABLE.add(key)
+            return _build_batched_eager(logits, budget)
         _GRAPHS[key] = graphed
         while len(_GRAPHS) > _MAX_GRAPHS:
             _GRAPHS.popitem(last=False)
@@ -361,6 +370,7 @@ def _build_batched_graphed(logits: torch.Tensor, budget: int) -> DDTreeBuildResu
 def clear_graph_cache() -> None:
     """Drop every captured build (frees their static buffers)."""
     _GRAPHS.clear()
+    _UNGRAPHABLE.clear()
 
 
 # --------------------------------------------------------------------------------------------------
