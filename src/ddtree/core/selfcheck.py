@@ -1,0 +1,375 @@
+"""`ddtree selfcheck --device cpu|cuda --out check.json`: the core's install check on one device.
+
+Checks (each recorded as {"name", "ok", "detail", "seconds"}):
+- build_heap_equals_batched: `build_tree` heap and batched builders return identical trees;
+- retrieve_walk: following encode_retrieve's first-child / next-sibling links visits exactly each
+  node's children in descending logw, and retrieve_index is b * N + i;
+- verify_greedy_walk: verify_greedy equals a plain per-request argmax walk; commit emits path + bonus;
+- verify_sampling_lossless[torch|reference]: a quick chi-square (alpha = 1e-3, cells with expected
+  count < 5 merged) of the emitted sequence against the exact target law;
+- temperature_zero_equals_greedy;
+- sglang_kernel_matches_reference (only where SGLang's kernel is importable on CUDA): identical
+  outcomes on the same coins for at least 99% of rows.
+The JSON record: {"ok", "device", "torch_version", "cuda": {"available", "version", "device_name"},
+"sglang_kernel": "available"|"unavailable", "python", "created_utc", "checks": [...]}.
+Exit status 1 when any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import platform
+import random
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ddtree.core.types import DDTreeBuildResult
+
+ALPHA = 1e-3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (or cuda:N)")
+    parser.add_argument("--out", required=True, help="path of the JSON record to write")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rows", type=int, default=6000, help="rows of the quick lossless checks")
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _host_tree(tree: DDTreeBuildResult) -> list[list[tuple[int, int, float, int]]]:
+    """Per request: [(parent, token, logw, depth)] for the root and the real nodes."""
+    cpu = {f: getattr(tree, f).cpu() for f in ("parents", "token_ids", "node_logws", "depths")}
+    out = []
+    for b in range(tree.batch_size):
+        cols = [0] + [i for i in range(tree.num_columns) if int(cpu["parents"][b, i]) >= 0]
+        index = {c: k for k, c in enumerate(cols)}
+        out.append([
+            (index.get(int(cpu["parents"][b, c]), -1), int(cpu["token_ids"][b, c]),
+             float(cpu["node_logws"][b, c]), int(cpu["depths"][b, c]))
+            for c in cols
+        ])
+    return out
+
+
+def _children(nodes: list[tuple[int, int, float, int]]) -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
+    for i, (parent, _, _, _) in enumerate(nodes):
+        if parent >= 0:
+            kids[parent].append(i)
+    for lst in kids.values():
+        lst.sort(key=lambda i: (-nodes[i][2], i))
+    return kids
+
+
+def _random_tree(num_nodes: int, vocab: int, max_depth: int, rng: random.Random, cols: int) -> list[tuple]:
+    """A best-first-numbered random trie as (parent, token, logw, depth) rows."""
+    raw = [(-1, -1, 0.0, 0)]
+    used: dict[int, set[int]] = {0: set()}
+    while len(raw) < num_nodes:
+        parent = rng.randrange(len(raw))
+        if raw[parent][3] >= max_depth or len(used[parent]) >= vocab:
+            continue
+        token = rng.choice([t for t in range(vocab) if t not in used[parent]])
+        used[parent].add(token)
+        used[len(raw)] = set()
+        raw.append((parent, token, raw[parent][2] + math.log(rng.uniform(0.05, 0.95)), raw[parent][3] + 1))
+    order = sorted(range(len(raw)), key=lambda i: -raw[i][2])
+    new = {old: k for k, old in enumerate(order)}
+    return [(new[raw[o][0]] if raw[o][0] >= 0 else -1, raw[o][1], raw[o][2], raw[o][3]) for o in order]
+
+
+def _stack(trees: list[list[tuple]], cols: int, device: torch.device) -> DDTreeBuildResult:
+    batch = len(trees)
+    fields = {
+        "token_ids": torch.full((batch, cols), -1, dtype=torch.int64),
+        "parents": torch.full((batch, cols), -1, dtype=torch.int64),
+        "depths": torch.zeros((batch, cols), dtype=torch.int64),
+        "node_logws": torch.full((batch, cols), -math.inf, dtype=torch.float32),
+    }
+    for b, nodes in enumerate(trees):
+        for i, (parent, token, logw, depth) in enumerate(nodes):
+            fields["parents"][b, i], fields["token_ids"][b, i] = parent, token
+            fields["node_logws"][b, i], fields["depths"][b, i] = logw, depth
+    num_nodes = torch.tensor([len(t) for t in trees], dtype=torch.int64)
+    return DDTreeBuildResult(**{k: v.to(device) for k, v in fields.items()}, num_nodes=num_nodes.to(device))
+
+
+def _naive_walk(nodes, picks: list[int], max_depth: int) -> tuple[list[int], int]:
+    kids = _children(nodes)
+    path = [0]
+    while True:
+        cur = path[-1]
+        nxt = [c for c in kids[cur] if nodes[c][1] == picks[cur]] if nodes[cur][3] < max_depth else []
+        if not nxt:
+            return path, picks[cur]
+        path.append(nxt[0])
+
+
+def _exact_law(nodes, probs: list[list[float]], max_depth: int) -> dict[tuple, float]:
+    kids = _children(nodes)
+    law: dict[tuple, float] = {}
+    stack = [(0, 1.0, ())]
+    while stack:
+        u, p_path, tokens = stack.pop()
+        child = {nodes[c][1]: c for c in kids[u]} if nodes[u][3] < max_depth else {}
+        for x, p in enumerate(probs[u]):
+            if x in child:
+                stack.append((child[x], p_path * p, tokens + (x,)))
+            elif p > 0:
+                law[tokens + (x,)] = law.get(tokens + (x,), 0.0) + p_path * p
+    return law
+
+
+def _chi_square_pvalue(observed: Counter, law: dict[tuple, float]) -> float:
+    from scipy import stats
+
+    impossible = set(observed) - set(law)
+    if impossible:
+        return 0.0
+    total = sum(observed.values())
+    keys = sorted(law, key=lambda k: -law[k])
+    exp = [law[k] * total for k in keys]
+    obs = [observed.get(k, 0) for k in keys]
+    cells_e, cells_o, rest_e, rest_o = [], [], 0.0, 0
+    for e, o in zip(exp, obs):
+        if e >= 5:
+            cells_e.append(e)
+            cells_o.append(o)
+        else:
+            rest_e += e
+            rest_o += o
+    if rest_e >= 5 or not cells_e:
+        cells_e.append(rest_e)
+        cells_o.append(rest_o)
+    else:
+        cells_e[-1] += rest_e
+        cells_o[-1] += rest_o
+    scale = sum(cells_o) / sum(cells_e)
+    return float(stats.chisquare(cells_o, [e * scale for e in cells_e]).pvalue)
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def check_build(device: torch.device, seed: int) -> str:
+    from ddtree.core.build import build_tree
+
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(1, 4, 50, 8), (4, 6, 300, 32), (3, 15, 1000, 64)]  # (B, D, V, budget)
+    for batch, depth, vocab, budget in shapes:
+        logits = (torch.randn(batch, depth, vocab, generator=gen) * 3).to(device)
+        heap = build_tree(logits, budget, method="heap")
+        batched = build_tree(logits, budget, method="batched")
+        for field in ("token_ids", "parents", "depths", "node_logws", "num_nodes"):
+            a, b = getattr(heap, field).cpu(), getattr(batched, field).cpu()
+            if not torch.equal(a, b):
+                raise AssertionError(f"heap and batched differ in {field} at B={batch} D={depth} V={vocab} budget={budget}")
+    return f"identical on {len(shapes)} shapes"
+
+
+def check_retrieve(device: torch.device, seed: int) -> str:
+    from ddtree.core.build import build_tree
+    from ddtree.core.retrieve import encode_retrieve
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    tree = build_tree((torch.randn(6, 5, 40, generator=gen) * 2).to(device), 24)
+    enc = encode_retrieve(tree)
+    nxt, sib, idx = (getattr(enc, f).cpu() for f in ("retrieve_next_token", "retrieve_next_sibling", "retrieve_index"))
+    parents, logws = tree.parents.cpu(), tree.node_logws.cpu()
+    cols = tree.num_columns
+    for b in range(tree.batch_size):
+        real = [i for i in range(cols) if i == 0 or int(parents[b, i]) >= 0]
+        for i in real:
+            if int(idx[b, i]) != b * cols + i:
+                raise AssertionError(f"retrieve_index[{b}, {i}] = {int(idx[b, i])}, expected {b * cols + i}")
+            walked, c = [], int(nxt[b, i])
+            while c != -1 and len(walked) <= cols:
+                walked.append(c)
+                c = int(sib[b, c])
+            expected = sorted((j for j in real if j > 0 and int(parents[b, j]) == i), key=lambda j: (-float(logws[b, j]), j))
+            if walked != expected:
+                raise AssertionError(f"request {b} node {i}: links visit {walked}, children by logw are {expected}")
+    return f"{tree.batch_size} trees, {cols} columns"
+
+
+def check_greedy(device: torch.device, seed: int) -> str:
+    from ddtree.core.verify import commit, verify_greedy
+
+    rng = random.Random(seed + 2)
+    cols, vocab, depth = 16, 5, 4
+    trees = [_random_tree(rng.randint(1, cols), vocab, depth, rng, cols) for _ in range(32)]
+    tree = _stack(trees, cols, device)
+    logits = torch.randn(32, cols, vocab, generator=torch.Generator().manual_seed(seed))
+    for b, nodes in enumerate(trees):
+        for node in nodes[1:]:
+            logits[b, node[0], node[1]] += 2.5
+    result = verify_greedy(tree, logits.to(device), max_depth=depth)
+    emitted = commit(tree, result)
+    picks = logits.argmax(-1).tolist()
+    total = 0
+    for b, nodes in enumerate(trees):
+        path, bonus = _naive_walk(nodes, picks[b], depth)
+        got = result.accepted_nodes[b].tolist()
+        if got != path + [-1] * (depth + 1 - len(path)) or int(result.bonus_token[b]) != bonus:
+            raise AssertionError(f"request {b}: walked {got} bonus {int(result.bonus_token[b])}, expected {path} {bonus}")
+        want = [nodes[i][1] for i in path[1:]] + [bonus]
+        if emitted.emitted_tokens[b, : len(want)].tolist() != want:
+            raise AssertionError(f"request {b}: commit emitted {emitted.emitted_tokens[b].tolist()}, expected {want}")
+        total += len(path) - 1
+    return f"32 requests, {total} accepted nodes"
+
+
+def check_lossless(device: torch.device, seed: int, rows: int, backend: str) -> str:
+    from ddtree.core.sampling import SamplingParams, process_logits
+    from ddtree.core.verify import commit, verify_sampling
+
+    rng = random.Random(seed + 3)
+    cols, vocab, depth = 10, 6, 3
+    nodes = _random_tree(cols, vocab, depth, rng, cols)
+    row_logits = torch.randn(cols, vocab, generator=torch.Generator().manual_seed(seed + 3))
+    for node in nodes[1:]:
+        row_logits[node[0], node[1]] += 1.5
+    params = SamplingParams(0.9, 5, 0.95)
+    one = _stack([nodes], cols, device)
+    tree = DDTreeBuildResult(*(getattr(one, f).expand(rows, *getattr(one, f).shape[1:]).contiguous()
+                               for f in ("token_ids", "parents", "depths", "node_logws", "num_nodes")))
+    logits = row_logits.to(device).expand(rows, -1, -1).contiguous()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    result = verify_sampling(tree, logits, params, gen, max_depth=depth, backend=backend)
+    out = commit(tree, result)
+    seqs = Counter(tuple(r[:n]) for r, n in zip(out.emitted_tokens.tolist(), out.num_emitted.tolist()))
+    probs = process_logits(row_logits.unsqueeze(0).double(), params)[0].tolist()
+    pvalue = _chi_square_pvalue(seqs, _exact_law(nodes, probs, depth))
+    if not pvalue > ALPHA:
+        raise AssertionError(f"chi-square p = {pvalue:.3g} <= alpha {ALPHA} over {rows} rows")
+    return f"chi-square p = {pvalue:.3g} over {rows} rows, mean accept {result.accept_len.float().mean().item():.3f}"
+
+
+def check_temperature_zero(device: torch.device, seed: int) -> str:
+    from ddtree.core.sampling import SamplingParams
+    from ddtree.core.verify import verify_greedy, verify_sampling
+
+    rng = random.Random(seed + 4)
+    trees = [_random_tree(rng.randint(1, 12), 6, 4, rng, 12) for _ in range(16)]
+    tree = _stack(trees, 12, device)
+    logits = (torch.randn(16, 12, 6, generator=torch.Generator().manual_seed(seed)) * 3).to(device)
+    greedy = verify_greedy(tree, logits, max_depth=4)
+    for backend in ("torch", "reference"):
+        sampled = verify_sampling(tree, logits, SamplingParams(0.0), max_depth=4, backend=backend)
+        for field in ("accept_len", "accepted_nodes", "bonus_token"):
+            if not torch.equal(getattr(sampled, field), getattr(greedy, field)):
+                raise AssertionError(f"backend {backend}: {field} differs from verify_greedy")
+    return "torch and reference backends equal verify_greedy"
+
+
+def check_sglang_kernel(device: torch.device, seed: int) -> str:
+    from ddtree.core.build import build_tree
+    from ddtree.core.kernels import (
+        draw_coins,
+        load_sglang_kernel,
+        reference_tree_speculative_sampling_target_only,
+        verify_with_kernel,
+    )
+    from ddtree.core.retrieve import encode_retrieve
+    from ddtree.core.sampling import SamplingParams, process_logits
+
+    gen = torch.Generator().manual_seed(seed + 5)
+    tree = build_tree((torch.randn(64, 7, 500, generator=gen) * 3).to(device), 48)
+    logits = (torch.randn(64, tree.num_columns, 500, generator=gen) * 3).to(device)
+    probs = process_logits(logits, SamplingParams(1.0, 50, 0.95))
+    coins = draw_coins(64, tree.num_columns, device, torch.Generator(device=device).manual_seed(seed))
+    enc = encode_retrieve(tree)
+    real = verify_with_kernel(tree, enc, probs, kernel=load_sglang_kernel(), max_depth=7, coins=coins)
+    ref = verify_with_kernel(tree, enc, probs, kernel=reference_tree_speculative_sampling_target_only,
+                             max_depth=7, coins=coins)
+    same = ((real.accepted_nodes == ref.accepted_nodes).all(1) & (real.bonus_token == ref.bonus_token)).float()
+    rate = same.mean().item()
+    if rate < 0.99:
+        raise AssertionError(f"kernel and reference agree on {rate:.3f} of rows (< 0.99)")
+    return f"agreement {rate:.4f} on 64 rows, mean accept {real.accept_len.float().mean().item():.3f}"
+
+
+def _run_check(name: str, fn: Callable[[], str], device: torch.device) -> dict:
+    start = time.perf_counter()
+    try:
+        detail, ok = fn(), True
+    except Exception as exc:  # noqa: BLE001 - a failing check is recorded, not raised
+        detail, ok = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}", False
+    try:
+        _sync(device)
+    except Exception:  # noqa: BLE001
+        pass
+    return {"name": name, "ok": ok, "detail": detail, "seconds": round(time.perf_counter() - start, 4)}
+
+
+def run_checks(device_name: str, seed: int = 0, rows: int = 6000) -> dict:
+    """All checks on one device; returns the JSON record (does not write it)."""
+    from ddtree.core.kernels import load_sglang_kernel
+
+    cuda = {
+        "available": torch.cuda.is_available(),
+        "version": torch.version.cuda,
+        "device_name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    record = {
+        "ok": False,
+        "device": device_name,
+        "torch_version": torch.__version__,
+        "cuda": cuda,
+        "sglang_kernel": "available" if load_sglang_kernel() is not None else "unavailable",
+        "python": platform.python_version(),
+        "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "checks": [],
+    }
+    try:
+        device = torch.device(device_name)
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be cpu or cuda, got {device_name!r}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda requested but torch.cuda.is_available() is False")
+        torch.empty(1, device=device)
+    except Exception as exc:  # noqa: BLE001
+        record["checks"].append({"name": "device", "ok": False, "detail": str(exc), "seconds": 0.0})
+        return record
+
+    checks: list[tuple[str, Callable[[], str]]] = [
+        ("build_heap_equals_batched", lambda: check_build(device, seed)),
+        ("retrieve_walk", lambda: check_retrieve(device, seed)),
+        ("verify_greedy_walk", lambda: check_greedy(device, seed)),
+        ("verify_sampling_lossless[torch]", lambda: check_lossless(device, seed, rows, "torch")),
+        ("verify_sampling_lossless[reference]", lambda: check_lossless(device, seed, rows, "reference")),
+        ("temperature_zero_equals_greedy", lambda: check_temperature_zero(device, seed)),
+    ]
+    if device.type == "cuda" and record["sglang_kernel"] == "available":
+        checks.append(("sglang_kernel_matches_reference", lambda: check_sglang_kernel(device, seed)))
+        checks.append(("verify_sampling_lossless[sglang]", lambda: check_lossless(device, seed, rows, "sglang")))
+    record["checks"] = [_run_check(name, fn, device) for name, fn in checks]
+    record["ok"] = all(c["ok"] for c in record["checks"])
+    return record
+
+
+def run(args: argparse.Namespace) -> int:
+    record = run_checks(args.device, seed=args.seed, rows=args.rows)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    for check in record["checks"]:
+        status = "ok  " if check["ok"] else "FAIL"
+        print(f"{status} {check['name']:40s} {check['seconds']:8.3f}s  {check['detail'].splitlines()[0]}")
+    print(f"selfcheck on {record['device']}: {'ok' if record['ok'] else 'FAILED'} -> {out}")
+    return 0 if record["ok"] else 1
