@@ -130,3 +130,10 @@ def test_non_finite_logits_raise(bad):
 def test_bad_logits_rank_raises():
     with pytest.raises(ValueError, match="logits"):
         process_logits(torch.randn(5), SamplingParams(1.0))
+
+
+def test_bf16_logits_are_processed_in_fp32():
+    logits = (torch.randn(4, 6, 50, generator=torch.Generator().manual_seed(4)) * 4).to(torch.bfloat16)
+    probs = process_logits(logits, SamplingParams(0.7, 10, 0.9))
+    reference = naive_process(logits.float(), [0.7] * 4, [10] * 4, [0.9] * 4)
+    np.testing.assert_allclose(probs.double().numpy(), reference, atol=2e-6)

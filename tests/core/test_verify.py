@@ -311,3 +311,12 @@ def test_bad_arguments_raise():
         verify_sampling(tree, logits, SamplingParams(1.0), backend="sglang")
     with pytest.raises(ValueError, match="verify_result"):
         commit(tree, "result")
+
+
+def test_verifiers_do_not_modify_target_logits():
+    tree, logits = _small()
+    before = logits.clone()
+    verify_greedy(tree, logits)
+    verify_sampling(tree, logits, SamplingParams(1.0, 3, 0.9), backend="torch")
+    verify_sampling(tree, logits, SamplingParams(1.0), backend="reference")
+    assert torch.equal(logits, before)

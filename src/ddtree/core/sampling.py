@@ -164,20 +164,23 @@ def _apply_top_k(buf: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> None
     buf.masked_fill_(buf < threshold, -math.inf)
 
 
-def _apply_top_p(buf: torch.Tensor, top_p: torch.Tensor) -> None:
-    """In place on probabilities: zero everything outside the top-p set, then renormalise."""
+def _apply_top_p(buf: torch.Tensor, total: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """In place on unnormalised weights (row sums `total`): zero everything outside the top-p set.
+
+    Returns the new row sums [B, ..., 1].
+    """
     vocab = buf.shape[-1]
     sorted_vals, sorted_idx = torch.sort(buf, dim=-1, descending=True)  # transient [B, ..., V] each
     sorted_vals.cumsum_(dim=-1)  # inclusive mass, descending order
-    p_row = _row_view(top_p, buf.dim()).expand(*buf.shape[:-1], 1).contiguous()  # [B, ..., 1]
-    # Sorted position j is kept iff j == 0 or the mass before it (cumsum[j - 1]) is < top_p.
-    kept = torch.searchsorted(sorted_vals, p_row, right=False) + 1  # [B, ..., 1]
-    last_kept = sorted_idx.gather(-1, kept.clamp_max(vocab) - 1)  # token id of the smallest kept prob
+    p_row = _row_view(top_p, buf.dim()).expand(*buf.shape[:-1], 1)  # [B, ..., 1]
+    # Sorted position j is kept iff j == 0 or the mass before it (cumsum[j - 1]) is < top_p * total.
+    kept = torch.searchsorted(sorted_vals, (p_row * total).contiguous(), right=False) + 1  # [B, ..., 1]
+    last_kept = sorted_idx.gather(-1, kept.clamp_max(vocab) - 1)  # token id of the smallest kept weight
     del sorted_vals, sorted_idx
     threshold = buf.gather(-1, last_kept)  # [B, ..., 1], the exact stored value (ties kept)
     threshold.masked_fill_(p_row >= 1.0, 0.0)
     buf.masked_fill_(buf < threshold, 0.0)
-    buf.div_(buf.sum(dim=-1, keepdim=True))
+    return buf.sum(dim=-1, keepdim=True)
 
 
 def greedy_one_hot_(buf: torch.Tensor, argmax: torch.Tensor, rows: torch.Tensor | None) -> None:
@@ -207,6 +210,13 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 
 def process_logits_unchecked(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """`process_logits` without the shape and finiteness checks (callers that already validated)."""
+    weights, total = processed_weights(logits, params)
+    return weights.div_(total)
+
+
+def processed_weights(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unnormalised processed target weights (the ONE fp32 buffer, [B, ..., V]) and their row sums
+    ([B, ..., 1]); probs = weights / sums. Samplers that normalise implicitly skip a full pass."""
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
     batch = int(logits.shape[0])
@@ -215,21 +225,22 @@ def process_logits_unchecked(logits: torch.Tensor, params: SamplingParams) -> to
     buf = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)  # the one fp32 buffer
     if params.all_greedy:
         greedy_one_hot_(buf, logits.argmax(dim=-1, keepdim=True), None)
-        return buf
+        return buf, torch.ones((*buf.shape[:-1], 1), dtype=buf.dtype, device=buf.device)
     argmax = logits.argmax(dim=-1, keepdim=True) if params.any_greedy else None  # [B, ..., 1]
-    buf.copy_(logits)
     # Shift by the row max BEFORE dividing by a (possibly tiny) temperature: values stay <= 0, so
-    # the scaling cannot overflow to +inf, and the max stays exactly 0 through top-k.
-    buf.sub_(buf.amax(dim=-1, keepdim=True))
+    # the scaling cannot overflow to +inf, and the max stays exactly 0 through top-k. The fp32 max
+    # makes the subtraction itself run in fp32 (it also is the copy into the buffer).
+    torch.sub(logits, logits.amax(dim=-1, keepdim=True).float(), out=buf)
     greedy_rows = temperature == 0  # [B]
     inv_t = torch.where(greedy_rows, torch.ones_like(temperature), temperature).reciprocal_()
     buf.mul_(_row_view(inv_t, buf.dim()))
     if params.max_top_k > 0:
         _apply_top_k(buf, top_k, params.max_top_k)
     buf.exp_()
-    buf.div_(buf.sum(dim=-1, keepdim=True))
+    total = buf.sum(dim=-1, keepdim=True)  # [B, ..., 1], >= 1 (the max contributes exp(0))
     if params.uses_top_p:
-        _apply_top_p(buf, top_p)
+        total = _apply_top_p(buf, total, top_p)
     if argmax is not None:
         greedy_one_hot_(buf, argmax, greedy_rows)
-    return buf
+        total = torch.where(_row_view(greedy_rows, total.dim()), torch.ones_like(total), total)
+    return buf, total

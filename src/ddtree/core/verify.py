@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ddtree.core.checks import check_all_finite, check_dim, check_same_device, check_tensor
-from ddtree.core.sampling import SamplingParams, process_logits_unchecked
+from ddtree.core.sampling import SamplingParams, process_logits_unchecked, processed_weights
 from ddtree.core.types import CommitResult, DDTreeBuildResult, VerifyResult
 
 BACKENDS = ("auto", "torch", "sglang", "reference")
@@ -52,12 +52,19 @@ def resolve_max_depth(tree: DDTreeBuildResult, max_depth: int | None) -> int:
     return max_depth
 
 
-def edge_probs(tree: DDTreeBuildResult, probs: torch.Tensor) -> torch.Tensor:
-    """[B, N] fp32: probs[b, parent(i), token(i)] for real non-root nodes, 0 for the root and padding."""
+def edge_probs(tree: DDTreeBuildResult, probs: torch.Tensor, row_totals: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, N] fp32: probs[b, parent(i), token(i)] for real non-root nodes, 0 for the root and padding.
+
+    With `row_totals` ([B, N, 1]), `probs` holds unnormalised weights and each value is divided by
+    its parent row's total.
+    """
     batch, cols, vocab = probs.shape
     real = tree.parents >= 0  # [B, N], root and padding have parent -1
-    flat = tree.parents.clamp_min(0) * vocab + tree.token_ids.clamp_min(0)  # [B, N]
+    parent = tree.parents.clamp_min(0)
+    flat = parent * vocab + tree.token_ids.clamp_min(0)  # [B, N]
     values = probs.reshape(batch, cols * vocab).gather(1, flat).float()  # [B, N]
+    if row_totals is not None:
+        values = values / row_totals.reshape(batch, cols).gather(1, parent)
     return values.masked_fill_(~real, 0.0)
 
 
@@ -115,7 +122,8 @@ def verify_greedy(
 
 
 def sample_from_probs_(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One exact sample per row of probs [..., V] by inverse CDF; DESTROYS probs (cumsum in place).
+    """One exact sample per row of probs [..., V] (normalised or not: the draw is scaled by the row
+    total) by inverse CDF; DESTROYS probs (cumsum in place).
 
     Tokens with zero probability are never drawn: u < total mass, so the first cdf > u is a token
     with positive mass.
@@ -174,8 +182,8 @@ def verify_sampling(
         params.broadcast(tree.batch_size, target_logits.device)  # same argument checks as the sampled path
         return verify_greedy(tree, target_logits, max_depth=depth)
 
-    probs = process_logits_unchecked(target_logits, params)  # [B, N, V] fp32, the one buffer
     if backend in ("sglang", "reference"):
+        probs = process_logits_unchecked(target_logits, params)  # [B, N, V] fp32
         from ddtree.core.kernels import load_sglang_kernel, reference_tree_speculative_sampling_target_only, verify_with_kernel
         from ddtree.core.retrieve import encode_retrieve
 
@@ -184,8 +192,9 @@ def verify_sampling(
             tree, encode_retrieve(tree), probs, kernel=kernel, generator=generator, max_depth=depth
         )
 
-    edge_p = edge_probs(tree, probs)  # [B, N], read before the buffer is consumed
-    picks = sample_from_probs_(probs, generator)  # [B, N]
+    weights, totals = processed_weights(target_logits, params)  # [B, N, V] the one fp32 buffer, [B, N, 1]
+    edge_p = edge_probs(tree, weights, totals)  # [B, N], read before the buffer is consumed
+    picks = sample_from_probs_(weights, generator)  # [B, N]
     return walk(tree, picks, edge_p, depth)
 
 
