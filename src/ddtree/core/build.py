@@ -235,18 +235,15 @@ def _candidate_pairs(width: int, k: int, device: torch.device) -> tuple[torch.Te
     return _PAIR_CACHE[key]
 
 
-def _batched_tensors(logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
-    """Pure tensor body of the batched build (no host sync; CUDA-graph capturable once constants exist).
+def _beam_torch(
+    logq: torch.Tensor, ids: torch.Tensor, js: torch.Tensor, rs: torch.Tensor, pair_low: torch.Tensor, w: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-depth beam of width w (the eager reference): logw, token, parent position, each [B, D, W].
 
-    Returns token_ids, parents, depths, node_logws [B, N], num_nodes [B], bad (0-dim bool).
+    Each depth's beam is sorted in the prefix order; -inf entries are padding (fewer than w prefixes).
     """
-    b, d, v = logits.shape
-    k = min(budget, v)
-    w = budget  # beam width
-    dev = logits.device
-    logq, ids, bad = depth_topk(logits, k)  # [B, D, k] x2
-    js, rs, pair_low = _candidate_pairs(w, k, dev)  # [M] x3
-
+    b, d, k = logq.shape
+    dev = logq.device
     # depth 1: the beam is the sorted top-k itself, padded with -inf to the width
     beam_logw = torch.full((b, w), float("-inf"), dtype=torch.float32, device=dev)  # [B, W]
     beam_logw[:, :k] = logq[:, 0]
@@ -264,9 +261,30 @@ def _batched_tensors(logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, .
         all_logw.append(beam_logw)
         all_tok.append(beam_tok)
         all_par.append(beam_par)
-    flat_logw = torch.stack(all_logw, 1).reshape(b, d * w)  # [B, D*W], depth-major
-    flat_tok = torch.stack(all_tok, 1).reshape(b, d * w)
-    flat_par = torch.stack(all_par, 1).reshape(b, d * w)
+    return torch.stack(all_logw, 1), torch.stack(all_tok, 1), torch.stack(all_par, 1)
+
+
+def _batched_tensors(logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
+    """Pure tensor body of the batched build (no host sync; CUDA-graph capturable once constants exist).
+
+    Returns token_ids, parents, depths, node_logws [B, N], num_nodes [B], bad (0-dim bool).
+    """
+    b, d, v = logits.shape
+    k = min(budget, v)
+    w = budget  # beam width
+    dev = logits.device
+    logq, ids, bad = depth_topk(logits, k)  # [B, D, k] x2
+    js, rs, pair_low = _candidate_pairs(w, k, dev)  # [M] x3
+
+    if logits.is_cuda and _triton_beam_usable(dev, w, js.numel()):
+        from ddtree.core.triton_kernels import beam_search
+
+        beam_logw, beam_tok, beam_par = beam_search(logq, ids, js, rs, w)  # [B, D, W] x3
+    else:
+        beam_logw, beam_tok, beam_par = _beam_torch(logq, ids, js, rs, pair_low, w)
+    flat_logw = beam_logw.reshape(b, d * w)  # [B, D*W], depth-major
+    flat_tok = beam_tok.reshape(b, d * w)
+    flat_par = beam_par.reshape(b, d * w)
 
     # global top-budget over all depths: descending logw, then smaller depth, then beam position
     slot = torch.arange(d * w, device=dev)  # [D*W]
@@ -387,6 +405,15 @@ def _triton_lse_usable(device: torch.device) -> bool:
     if index not in _TRITON_OK:
         _TRITON_OK[index] = _probe_triton(torch.device("cuda", index))
     return _TRITON_OK[index]
+
+
+_TRITON_BEAM_MAX_CANDIDATES = 4096  # one program keeps the candidate keys in registers
+
+
+def _triton_beam_usable(device: torch.device, width: int, candidates: int) -> bool:
+    if os.environ.get("DDTREE_NO_TRITON_BEAM", "") in ("1", "true", "yes"):
+        return False
+    return candidates <= _TRITON_BEAM_MAX_CANDIDATES and width <= candidates and _triton_lse_usable(device)
 
 
 def _probe_triton(device: torch.device) -> bool:

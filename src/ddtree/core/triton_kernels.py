@@ -86,3 +86,83 @@ def row_lse_and_min(x: torch.Tensor, *, block: int = 2048) -> tuple[torch.Tensor
     scale = torch.where(part_max == float("-inf"), torch.zeros_like(scale), scale)
     lse = row_max.squeeze(1) + torch.log((part_sum * scale).sum(1))
     return lse, part_min.amin(1)
+
+
+_LOW32 = (1 << 32) - 1
+
+
+@triton.jit
+def _beam_kernel(
+    logq_ptr,  # [B, D, K] float32, each row sorted descending
+    ids_ptr,  # [B, D, K] int64
+    js_ptr,  # [M] int64 candidate beam positions
+    rs_ptr,  # [M] int64 candidate ranks
+    out_logw_ptr,  # [B, D, W] float32
+    out_tok_ptr,  # [B, D, W] int64
+    out_par_ptr,  # [B, D, W] int64 (parent's position in the previous depth's beam)
+    D: tl.constexpr,
+    K: tl.constexpr,
+    W: tl.constexpr,
+    M: tl.constexpr,
+    W_PAD: tl.constexpr,
+    M_PAD: tl.constexpr,
+):
+    """The per-depth beam of one request, all depths in one program (same keys as the torch loop)."""
+    b = tl.program_id(0).to(tl.int64)
+    lq = logq_ptr + b * (D * K)
+    ids = ids_ptr + b * (D * K)
+    ol = out_logw_ptr + b * (D * W)
+    ot = out_tok_ptr + b * (D * W)
+    op = out_par_ptr + b * (D * W)
+    w_offs = tl.arange(0, W_PAD)
+    w_mask = w_offs < W
+    first = tl.load(lq + w_offs, mask=w_offs < K, other=float("-inf"))
+    tl.store(ol + w_offs, first, mask=w_mask)
+    tl.store(ot + w_offs, tl.load(ids + w_offs, mask=w_offs < K, other=0), mask=w_mask)
+    tl.store(op + w_offs, tl.zeros([W_PAD], tl.int64), mask=w_mask)
+    m_offs = tl.arange(0, M_PAD)
+    m_mask = m_offs < M
+    jj = tl.load(js_ptr + m_offs, mask=m_mask, other=0)
+    rr = tl.load(rs_ptr + m_offs, mask=m_mask, other=0)
+    low = 4294967295 - (jj * K + rr)  # smaller candidate number wins ties
+    for d in tl.static_range(1, D):
+        tl.debug_barrier()  # the previous depth's beam was stored by other threads of this program
+        cand = tl.load(ol + (d - 1) * W + jj, mask=m_mask, other=float("-inf")) + tl.load(
+            lq + d * K + rr, mask=m_mask, other=float("-inf")
+        )
+        cand = tl.where(cand == 0.0, 0.0, cand)  # fold -0.0 onto +0.0
+        bits = cand.to(tl.int32, bitcast=True)
+        ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        key = (ordered.to(tl.int64) << 32) + low
+        key = tl.where(m_mask, key, -9223372036854775807 - 1)
+        top = tl.topk(key, W_PAD)  # [W_PAD] descending
+        flat = 4294967295 - (top & 4294967295)
+        j = flat // K
+        r = flat % K
+        r = tl.where(w_mask, r, 0)
+        j = tl.where(w_mask, j, 0)
+        # recompute the same float32 add as above (bit-identical), rather than decoding the key
+        logw = tl.load(ol + (d - 1) * W + j) + tl.load(lq + d * K + r)
+        tl.store(ol + d * W + w_offs, logw, mask=w_mask)
+        tl.store(ot + d * W + w_offs, tl.load(ids + d * K + r), mask=w_mask)
+        tl.store(op + d * W + w_offs, j, mask=w_mask)
+
+
+def beam_search(
+    logq: torch.Tensor, ids: torch.Tensor, js: torch.Tensor, rs: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton twin of build._beam_torch: logq/ids [B, D, K] -> beam logw/token/parent [B, D, W]."""
+    b, d, k = logq.shape
+    m = js.numel()
+    logq = logq.contiguous()
+    ids = ids.contiguous()
+    out_logw = torch.empty((b, d, width), dtype=torch.float32, device=logq.device)
+    out_tok = torch.empty((b, d, width), dtype=torch.int64, device=logq.device)
+    out_par = torch.empty((b, d, width), dtype=torch.int64, device=logq.device)
+    m_pad = triton.next_power_of_2(m)
+    _beam_kernel[(b,)](
+        logq, ids, js, rs, out_logw, out_tok, out_par,
+        D=d, K=k, W=width, M=m, W_PAD=triton.next_power_of_2(width), M_PAD=m_pad,
+        num_warps=8 if m_pad >= 2048 else 4,
+    )
+    return out_logw, out_tok, out_par
