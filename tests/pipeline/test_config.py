@@ -11,6 +11,8 @@ from ddtree.pipeline.config import (
     check_hardware_profile,
     check_references,
     parse_run_id,
+    plan_fingerprint,
+    reset_stale_records,
     run_id,
     run_ids,
     server_extra_args,
@@ -110,3 +112,18 @@ def test_build_plan_matches_contract(tmp_path):
     with pytest.raises(ValueError, match="num_prompts"):
         build_plan(CONFIG, "cpu", PROFILE, "p", "ar", model_dir="m", prompts="p", num_prompts=0, out_dir="o",
                    server_log="s")
+
+
+def test_stale_records_are_reset_and_matching_ones_kept(tmp_path):
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text('{"seed": 0}')
+    plan = build_plan(CONFIG, "cpu", PROFILE, "embedded-small", "ar", model_dir="m", prompts="p.jsonl",
+                      num_prompts=4, out_dir=str(tmp_path / "run"), server_log="s.log")
+    records = tmp_path / "run" / "records" / "acceptance.jsonl"
+    fingerprint = plan_fingerprint(plan, manifest)
+    assert reset_stale_records(plan, fingerprint) == []
+    records.write_text('{"prompt_id": "0"}\n')
+    assert reset_stale_records(plan, fingerprint) == [] and records.exists()  # same plan + model: resume
+    manifest.write_text('{"seed": 1}')  # the pair was retrained
+    assert reset_stale_records(plan, plan_fingerprint(plan, manifest)) == [str(records)]
+    assert not records.exists()

@@ -41,7 +41,6 @@ rule benchmark:
         cpus_per_task=res_cpus,
         mem_mb=res_mem_mb,
         runtime=res_runtime,
-        constraint=res_constraint,
     conda:
         CONDA_ENV
     shell:

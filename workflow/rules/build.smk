@@ -17,7 +17,6 @@ rule selfcheck:
         cpus_per_task=res_cpus,
         mem_mb=res_mem_mb,
         runtime=res_runtime,
-        constraint=res_constraint,
     conda:
         CONDA_ENV
     shell:

@@ -14,10 +14,11 @@ from ddtree.pipeline import stage as pipeline_stage
 validate(config, "../schemas/config.schema.yaml")
 
 HARDWARE_DIR = Path("config/hardware")
-# Jobs run in the conda environment that environment.yml creates (`conda env create -f
-# environment.yml`; it installs this package editable). A named environment, because Snakemake
-# copies env files into .snakemake/conda/, where environment.yml's `-e .` would not resolve.
-CONDA_ENV = yaml.safe_load(Path("environment.yml").read_text())["name"]
+# Software of every job under --software-deployment-method conda: the dependencies of
+# environment.yml with the package installed editable. Snakemake copies env files into
+# .snakemake/conda/ before creating them, so that file's `-e ../..` points at the repo root
+# (environment.yml's own `-e .` would point into .snakemake/conda/).
+CONDA_ENV = "../envs/ddtree.yaml"
 AVAILABLE_PROFILES = sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
 
 try:
@@ -140,6 +141,15 @@ def embedded_seed(wildcards):
     return PAIRS[wildcards.embedded_pair]["seed"]
 
 
+def train_options(wildcards):
+    """Optional `ddtree train-pair` arguments of an embedded pair."""
+    spec = PAIRS[wildcards.embedded_pair]
+    options = [f"--max-minutes {spec['max_minutes']}"] if spec.get("max_minutes") else []
+    evals = int(spec["eval_prompts"])
+    options.append(f"--eval-prompts {evals}" if evals > 0 else "--no-eval")
+    return " ".join(options)
+
+
 def profile_device(wildcards):
     return HARDWARE[wildcards.profile]["device"]
 
@@ -194,9 +204,6 @@ def res_mem_mb(wildcards):
 def res_runtime(wildcards):
     return int(_resources(wildcards)["runtime_min"])
 
-
-def res_constraint(wildcards):
-    return _resources(wildcards).get("constraint") or ""
 
 
 def hub_pair_spec(wildcards):

@@ -8,6 +8,7 @@ rule train_embedded_pair:
     params:
         size=embedded_size,
         seed=embedded_seed,
+        options=train_options,
         out=subpath(output.manifest, parent=True),
     log:
         "results/logs/stage/{embedded_pair}.log",
@@ -15,7 +16,8 @@ rule train_embedded_pair:
     conda:
         CONDA_ENV
     shell:
-        "ddtree train-pair --size {params.size} --seed {params.seed} --out {params.out} > {log} 2>&1"
+        "ddtree train-pair --size {params.size} --seed {params.seed} --out {params.out} "
+        "--threads {threads} --no-progress {params.options} > {log} 2>&1"
 
 
 rule stage_hub_pair:

@@ -158,3 +158,34 @@ def build_plan(
             "summary": str(out / "summary.json"),
         },
     }
+
+
+def plan_fingerprint(plan: Mapping[str, Any], model_manifest: str | Path) -> str:
+    """Hash of what the records depend on: the plan and the model pair's manifest."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(json.dumps(plan, sort_keys=True).encode())
+    manifest = Path(model_manifest)
+    digest.update(manifest.read_bytes() if manifest.is_file() else b"")
+    return digest.hexdigest()
+
+
+def reset_stale_records(plan: Mapping[str, Any], fingerprint: str) -> list[str]:
+    """Delete record files written for another plan or model; keep them (resume) otherwise.
+
+    The fingerprint is stored beside the records; returns the paths that were removed.
+    """
+    out = plan["out"]
+    records = [Path(out[k]) for k in ("acceptance", "throughput") if k in out]
+    stamp = records[0].parent / "fingerprint.txt" if records else Path(out["summary"]).parent / "fingerprint.txt"
+    previous = stamp.read_text().strip() if stamp.is_file() else None
+    removed: list[str] = []
+    if previous != fingerprint:
+        for path in records:
+            if path.exists():
+                path.unlink()
+                removed.append(str(path))
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(fingerprint + "\n")
+    return removed
