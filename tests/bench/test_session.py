@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,6 +96,22 @@ def test_sigterm_mid_run_leaves_no_server_behind(tiny_pair: Path, tmp_path: Path
     assert port_is_free(int(summary["url"].rsplit(":", 1)[1]))
     done = acc.read_text().splitlines()
     assert 1 <= len(done) < 40 and all(json.loads(line)["error"] is None for line in done)
+
+
+def test_sigkilled_session_takes_the_server_down(tiny_pair: Path, tmp_path: Path) -> None:
+    proc = start_session(make_plan(tiny_pair, tmp_path, num_prompts=40, max_new_tokens=64))
+    log = tmp_path / "server.log"
+    deadline = time.monotonic() + 240
+    while not (log.exists() and "Uvicorn running" in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    server_pid = int(re.search(r"Started server process \[(\d+)\]", log.read_text()).group(1))
+    os.killpg(proc.pid, signal.SIGKILL)  # no handler, no finally: only the death signal is left
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 30
+    while not gone(server_pid):
+        assert time.monotonic() < deadline, "server outlived its SIGKILLed session"
+        time.sleep(0.2)
 
 
 def test_server_that_dies_fails_fast_with_its_log(tiny_pair: Path, tmp_path: Path) -> None:

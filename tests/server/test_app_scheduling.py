@@ -7,6 +7,7 @@ model-backed behaviour is covered by test_server_http.py with the real engine.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -148,3 +149,15 @@ def test_create_app_refuses_bad_settings() -> None:
         create_app(SlowEchoEngine(0), ByteTokenizer(), method="beam", budget=8, model_name="x")
     with pytest.raises(ValueError, match="budget"):
         create_app(SlowEchoEngine(0), ByteTokenizer(), method="ar", budget=0, model_name="x")
+
+
+def test_stream_sends_one_event_then_done(served) -> None:
+    url, _ = served
+    with httpx.stream("POST", f"{url}/generate", json={"text": "ab", "stream": True,
+                                                       "sampling_params": {"max_new_tokens": 2}},
+                      trust_env=False) as response:
+        assert response.status_code == 200
+        events = [line for line in response.iter_lines() if line]
+    assert events[-1] == "data: [DONE]" and len(events) == 2
+    body = json.loads(events[0].removeprefix("data: "))
+    assert body["text"] == "bb" and body["meta_info"]["completion_tokens"] == 2

@@ -94,7 +94,7 @@ def test_sampling_params_are_passed_through() -> None:
         ({"text": "a", "method": "beam"}, "method"),
         ({"text": "a", "budget": 0}, "budget"),
         ({"text": "a", "rid": 5}, "rid"),
-        ({"text": "a", "stream": True}, "stream"),
+        ({"text": "a", "stream": "yes"}, "stream"),
     ],
 )
 def test_bad_generate_requests_name_the_field(payload: dict, field: str) -> None:

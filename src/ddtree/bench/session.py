@@ -145,6 +145,17 @@ class ServerProcess:
         return self.process.pid  # start_new_session: the server leads its own group
 
 
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when the session dies without cleaning up (SIGKILL),
+    the one case no handler or `finally` can cover (Linux PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def start_server(cmd: list[str], log_path: str | Path, *, port: int, host: str = "127.0.0.1",
                  env: Mapping[str, str] | None = None) -> ServerProcess:
     log_path = Path(log_path)
@@ -154,7 +165,8 @@ def start_server(cmd: list[str], log_path: str | Path, *, port: int, host: str =
         log_fh.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
         log_fh.flush()
         process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
-                                   start_new_session=True, env=full_env)
+                                   start_new_session=True, env=full_env,
+                                   preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     return ServerProcess(process=process, url=f"http://{host}:{port}", port=port, log_path=log_path)
 
 

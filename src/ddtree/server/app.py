@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import queue
 import threading
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 import ddtree
 from ddtree.engine.types import GenerationOutput, GenerationRequest
@@ -100,6 +101,11 @@ class ServerState:
     accept_length_sum: float = 0.0  # over finished requests, for avg_spec_accept_length
     finished: int = 0
     extra_info: dict[str, Any] = field(default_factory=dict)
+
+
+async def sse_events(body: dict[str, Any]) -> AsyncIterator[bytes]:
+    yield f"data: {json.dumps(body)}\n\n".encode()
+    yield b"data: [DONE]\n\n"
 
 
 class InternalError(Exception):
@@ -279,14 +285,17 @@ def create_app(
         return {"model_path": model_name, "tokenizer_path": model_name, "is_generation": True}
 
     @app.post("/generate")
-    async def generate(request: Request) -> dict[str, Any]:
+    async def generate(request: Request) -> Any:
         parsed = parse_generate(parse_json_body(await request.body()), tokenizer, state.limits)
         rid = parsed.rid or uuid.uuid4().hex
         output, queue_wait, e2e = await generate_checked(parsed)
         meta = build_meta_info(state, parsed, output, rid=rid, queue_wait=queue_wait, e2e_latency=e2e)
         _record_finished(state, meta)
         text, _ = trim_at_stop(tokenizer.decode(output.output_ids, skip_special_tokens=True), parsed.request.stop_strings)
-        return {"text": text, "output_ids": list(output.output_ids), "meta_info": meta}
+        body = {"text": text, "output_ids": list(output.output_ids), "meta_info": meta}
+        if parsed.stream:  # SGLang's stream framing, so streaming clients work; decoding is not incremental
+            return StreamingResponse(sse_events(body), media_type="text/event-stream")
+        return body
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class ParsedGenerate:
     rid: str | None
     method: str | None  # per-request override, None = server default
     budget: int | None
+    stream: bool = False  # /generate only: the whole result as one server-sent event, then [DONE]
 
 
 def parse_json_body(body: bytes) -> dict[str, Any]:
@@ -221,10 +222,11 @@ def parse_generate(payload: dict[str, Any], tokenizer: TokenizerLike, limits: Li
     rid = payload.get("rid")
     if rid is not None and not isinstance(rid, str):
         raise RequestError("rid", f"must be a string, got {type(rid).__name__}")
-    if payload.get("stream"):
-        raise RequestError("stream", "streaming is not supported by the reference server")
+    stream = payload.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError("stream", f"must be a boolean, got {stream!r}")
     method, budget = _overrides(payload)
-    return ParsedGenerate(request=request, rid=rid, method=method, budget=budget)
+    return ParsedGenerate(request=request, rid=rid, method=method, budget=budget, stream=stream)
 
 
 def parse_completion(payload: dict[str, Any], tokenizer: TokenizerLike, limits: Limits) -> ParsedGenerate:
