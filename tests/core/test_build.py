@@ -214,5 +214,18 @@ def test_choose_method_rule() -> None:
         for b in (1, 8, 64):
             for budget in (1, 32, 256):
                 assert choose_method(b, 15, 151936, budget, device) in ("heap", "batched")
-    assert choose_method(1, 15, 151936, 8, "cpu") == "heap"
-    assert choose_method(64, 15, 151936, 256, "cuda") == "batched"
+    assert choose_method(64, 15, 151936, 256, "cpu") == "heap"
+    assert choose_method(1, 15, 151936, 8, "cuda") == "batched"
+
+
+@pytest.mark.parametrize("chunks", [2, 8, 32])
+def test_chunked_topk_is_exact(chunks: int) -> None:
+    from ddtree.core.build import _chunked_topk
+
+    gen = torch.Generator().manual_seed(chunks)
+    x = torch.randn((5, 64 * 40), generator=gen).to(torch.bfloat16)
+    vals, ids = _chunked_topk(x, 40, chunks)
+    ref_vals, _ = x.topk(40, dim=-1)
+    assert torch.equal(vals.sort(-1).values, ref_vals.sort(-1).values)
+    assert torch.equal(x.gather(1, ids), vals)
+    assert (ids.sort(-1).values.diff(dim=-1) > 0).all(), "distinct ids"

@@ -203,7 +203,17 @@ def breakdown(batch: int, budget: int, *, vocab: int, depth: int, device: torch.
     out["isfinite(x).all()"] = t(lambda: torch.isfinite(x2d).all())
     out["x.topk(k) raw dtype"] = t(lambda: x2d.topk(k, dim=-1))
     out["log_softmax(x.float()).topk(k)"] = t(lambda: torch.log_softmax(x2d.float(), -1).topk(k, dim=-1))
+    if device.type == "cuda":
+        chunks = B._pick_topk_chunks(x2d, k)
+        out[f"vocab_topk (chosen: {chunks} chunks)"] = t(lambda: B.vocab_topk(x2d, k))
     out["depth_topk (vocab step)"] = t(lambda: B.depth_topk(logits, k))
+    logq, ids, _ = B.depth_topk(logits, k)
+    js, rs, low = B._candidate_pairs(budget, k, device)
+    out[f"beam torch ({js.numel()} candidates/depth)"] = t(lambda: B._beam_torch(logq, ids, js, rs, low, budget))
+    if device.type == "cuda" and B._beam_triton_checked(logq, ids, js, rs, low, budget) is not None:
+        from ddtree.core.triton_kernels import beam_search
+
+        out["beam triton (one program/request)"] = t(lambda: beam_search(logq, ids, js, rs, budget))
     out["batched eager total"] = t(lambda: B._batched_tensors(logits, budget))
     if device.type == "cuda":
         out["static input copy"] = t(lambda: torch.empty_like(logits).copy_(logits))
@@ -291,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"breakdown at B={pieces['batch']}, budget={pieces['budget']} (ms, median):")
         for name, value in pieces.items():
             if name not in ("batch", "budget"):
-                print(f"  {name:32s} {value:8.3f}")
+                print(f"  {name:40s} {value:8.3f}")
     if args.json_out is not None:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(result, indent=2) + "\n")

@@ -6,7 +6,10 @@ return identical trees (same nodes, same numbering, bit-identical logws):
 * ``heap``: the published per-request best-first heap (host side, Python ``heapq``).
 * ``batched``: a per-depth beam of width ``budget`` followed by a global top-``budget``, all tensor ops,
   no host round-trip, batched over requests. On CUDA it is captured once per shape in a CUDA graph and
-  replayed; the row logsumexp then comes from a Triton kernel that reads the logits once (no float copy).
+  replayed; there the row logsumexp comes from a Triton kernel that reads the logits once (no float copy),
+  the vocabulary top-k is a two-stage chunked top-k when that measured faster (picked once per shape), and
+  the whole per-depth beam runs as one Triton program per request (checked once per shape against the
+  torch beam, which stays the eager reference and the CPU path).
 
 The order on prefixes (the tie rule): descending logw, then smaller depth, then - between two prefixes of
 one depth - the earlier parent (in this same order), then the smaller rank (rank r = the r-th most
@@ -61,25 +64,17 @@ def _validate(
 
 
 def choose_method(batch: int, depth: int, vocab: int, budget: int, device: torch.device | str) -> str:
-    """The builder `method="auto"` uses for a shape (rule from benchmarks/NOTES-core.md measurements).
+    """The builder `method="auto"` uses for a shape (rule from the measurements in benchmarks/NOTES-core.md).
 
-    CUDA: the graph-replayed batched build costs a roughly constant ~0.2-0.5 ms (vocabulary pass + a fixed
-    number of small kernels) while the heap pays the same vocabulary pass, a host copy and ~1-4 us of Python
-    per node, so batched wins once the batch holds a few requests' worth of nodes; at batch 1 with a
-    small budget the heap can be as fast, and there the heap is kept.
-    CPU: the Python heap does O(budget log budget) per request; the eager beam does D tensor ops over
-    [B, ~budget*ln(budget)] candidates plus a global top-k, which on CPU only pays off for large batches.
+    CUDA -> "batched": on one H200 (V = 151,936, D = 15, bf16) the graph-replayed batched build was at least
+    as fast as the heap in every measured cell, B = 1 and budget = 8 included (the heap pays the same
+    vocabulary step, plus a device->host copy and Python per node).
+    CPU (and other devices) -> "heap": the vocabulary step dominates both builders, and the eager beam's
+    extra tensor ops never paid for themselves on CPU (B 1..64, budget 16..256, V = 4096, one thread).
+    The shape arguments are kept so the rule can become shape-dependent without an API change.
     """
     device = torch.device(device)
-    nodes = batch * budget
-    if device.type == "cuda":
-        return "heap" if nodes < _CUDA_HEAP_MAX_NODES else "batched"
-    return "heap" if nodes < _CPU_HEAP_MAX_NODES else "batched"
-
-
-# Crossovers in total nodes (batch * budget); see benchmarks/NOTES-core.md for the measurements behind them.
-_CUDA_HEAP_MAX_NODES = 64
-_CPU_HEAP_MAX_NODES = 4096
+    return "batched" if device.type == "cuda" else "heap"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -111,6 +106,60 @@ def _row_logsumexp(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return lse, bad
 
 
+def _chunked_topk(x2d: torch.Tensor, k: int, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two-stage top-k: top-k inside each of `chunks` equal slices of a row, then top-k of those.
+
+    Exact (the row's top-k lies in the union of the slices' top-k). Many short slices keep torch's
+    per-slice radix select in cache, which beats one radix select over the whole 152k-long row.
+    """
+    r, v = x2d.shape
+    length = v // chunks
+    vals, idx = x2d.view(r, chunks, length).topk(k, dim=-1, sorted=False)  # [R, C, k]
+    idx = idx + torch.arange(0, v, length, device=x2d.device).view(1, chunks, 1)
+    vals2, pos = vals.reshape(r, chunks * k).topk(k, dim=-1, sorted=False)  # [R, k]
+    return vals2, idx.reshape(r, chunks * k).gather(1, pos)
+
+
+_TOPK_CHUNKS: dict[tuple, int] = {}
+_TOPK_CHUNK_CHOICES = (1, 8, 16, 32, 64)
+
+
+def _pick_topk_chunks(x2d: torch.Tensor, k: int) -> int:
+    """Fastest chunk count for this (shape, dtype, k, device), timed once with CUDA events on the real input."""
+    r, v = x2d.shape
+    key = (r, v, k, x2d.dtype, x2d.device.index)
+    if key in _TOPK_CHUNKS:
+        return _TOPK_CHUNKS[key]
+    if torch.cuda.is_current_stream_capturing():  # cannot time inside a capture; the plain top-k is safe
+        return 1
+    best, best_ms = 1, float("inf")
+    for chunks in _TOPK_CHUNK_CHOICES:
+        if v % chunks or v // chunks < 4 * k:
+            continue
+        fn = (lambda: x2d.topk(k, dim=-1)) if chunks == 1 else (lambda c=chunks: _chunked_topk(x2d, k, c))
+        fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(3):
+            fn()
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        if ms < best_ms:
+            best, best_ms = chunks, ms
+    _TOPK_CHUNKS[key] = best
+    return best
+
+
+def vocab_topk(x2d: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k values (raw dtype) and ids per row of x2d [R, V]; order among ties unspecified."""
+    if x2d.is_cuda and os.environ.get("DDTREE_NO_CHUNKED_TOPK", "") not in ("1", "true", "yes"):
+        chunks = _pick_topk_chunks(x2d, k)
+        if chunks > 1:
+            return _chunked_topk(x2d, k, chunks)
+    return x2d.topk(k, dim=-1)
+
+
 def depth_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-position top-k of log_softmax, in a deterministic order.
 
@@ -122,7 +171,7 @@ def depth_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     b, d, v = draft_logits.shape
     x2d = draft_logits.reshape(b * d, v)  # [R, V]
     lse, bad = _row_logsumexp(x2d)  # [R]
-    vals, ids = x2d.topk(k, dim=-1)  # [R, k] raw dtype, unordered among ties
+    vals, ids = vocab_topk(x2d, k)  # [R, k] raw dtype, unordered among ties
     vals32 = vals.float()
     order = _descending_key(vals32, ids).argsort(dim=-1, descending=True)  # [R, k]
     vals32 = vals32.gather(1, order)
@@ -276,12 +325,10 @@ def _batched_tensors(logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, .
     logq, ids, bad = depth_topk(logits, k)  # [B, D, k] x2
     js, rs, pair_low = _candidate_pairs(w, k, dev)  # [M] x3
 
-    if logits.is_cuda and _triton_beam_usable(dev, w, js.numel()):
-        from ddtree.core.triton_kernels import beam_search
-
-        beam_logw, beam_tok, beam_par = beam_search(logq, ids, js, rs, w)  # [B, D, W] x3
-    else:
-        beam_logw, beam_tok, beam_par = _beam_torch(logq, ids, js, rs, pair_low, w)
+    beam = _beam_triton_checked(logq, ids, js, rs, pair_low, w) if logits.is_cuda else None
+    if beam is None:
+        beam = _beam_torch(logq, ids, js, rs, pair_low, w)
+    beam_logw, beam_tok, beam_par = beam  # [B, D, W] x3
     flat_logw = beam_logw.reshape(b, d * w)  # [B, D*W], depth-major
     flat_tok = beam_tok.reshape(b, d * w)
     flat_par = beam_par.reshape(b, d * w)
@@ -408,12 +455,44 @@ def _triton_lse_usable(device: torch.device) -> bool:
 
 
 _TRITON_BEAM_MAX_CANDIDATES = 4096  # one program keeps the candidate keys in registers
+_TRITON_BEAM_STATE: dict[tuple, bool] = {}  # (device, D, k, width) -> checked against the torch beam
 
 
-def _triton_beam_usable(device: torch.device, width: int, candidates: int) -> bool:
+def _beam_triton_checked(
+    logq: torch.Tensor, ids: torch.Tensor, js: torch.Tensor, rs: torch.Tensor, pair_low: torch.Tensor, w: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The Triton beam when usable for this shape, else None (the caller runs the torch beam).
+
+    The first call per shape (never inside a graph capture) compiles the kernel and compares its output with
+    the torch beam on the real input; a failure or a mismatch turns it off for that shape, with a warning.
+    """
     if os.environ.get("DDTREE_NO_TRITON_BEAM", "") in ("1", "true", "yes"):
-        return False
-    return candidates <= _TRITON_BEAM_MAX_CANDIDATES and width <= candidates and _triton_lse_usable(device)
+        return None
+    if js.numel() > _TRITON_BEAM_MAX_CANDIDATES or not _triton_lse_usable(logq.device):
+        return None
+    b, d, k = logq.shape
+    key = (logq.device.index, d, k, w)
+    state = _TRITON_BEAM_STATE.get(key)
+    if state is False:
+        return None
+    if state is None and torch.cuda.is_current_stream_capturing():
+        return None  # never compile or check inside a capture
+    from ddtree.core.triton_kernels import beam_search
+
+    if state is None:
+        try:
+            got = beam_search(logq, ids, js, rs, w)
+            ref = _beam_torch(logq, ids, js, rs, pair_low, w)
+            ok = all(torch.equal(x, y) for x, y in zip(got, ref))
+        except Exception as exc:  # compile or launch failure: the torch beam is exact too
+            warnings.warn(f"ddtree build_tree: Triton beam unavailable for {key} ({exc}); using the torch beam")
+            ok = False
+        else:
+            if not ok:
+                warnings.warn(f"ddtree build_tree: Triton beam disagrees with the torch beam for {key}; not used")
+        _TRITON_BEAM_STATE[key] = ok
+        return got if ok else None
+    return beam_search(logq, ids, js, rs, w)
 
 
 def _probe_triton(device: torch.device) -> bool:
