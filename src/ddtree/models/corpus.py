@@ -121,7 +121,7 @@ def make_prompts(
         f = held[rng.randrange(len(held))]
         lines = f.text.splitlines(keepends=True)
         k = rng.randint(min_lines, max_lines)
-        if len(lines) < k + 4:
+        if len(lines) < k + 5:
             continue
         i = rng.randrange(0, len(lines) - k - 4)  # leave room for a continuation
         text = "".join(lines[i : i + k])

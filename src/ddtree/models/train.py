@@ -1,0 +1,530 @@
+"""Trainer of the embedded pair: stdlib corpus -> BPE tokenizer -> Qwen3 target -> DFlash drafter.
+
+The drafter is trained against the FROZEN target as DFlash trains: many random anchors per training
+sequence in one forward; the block for anchor `a` is `[token at a, mask * (b - 1)]` at positions
+`a .. a + b - 1`; its context is the target's features at positions `< a` (the inference convention of
+drafter.py: the bonus's own features are not context); the loss is the cross-entropy of the drafter's
+logits (through the target's lm_head) at block positions 1..b-1 against the target's greedy predictions,
+with decaying position weights.
+
+`evaluate_acceptance` is a teacher-forced offline estimate of tau at T = 0 for DFlash (chain) and DDTree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import logging
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ddtree.models.corpus import CorpusFile, corpus_manifest, load_corpus, make_prompts
+from ddtree.models.drafter import DFlashDrafter, draft_logits, training_block_mask
+from ddtree.models.sizes import PairSize, drafter_config, get_size, target_config
+from ddtree.models.tokenizer import save_tokenizer, special_token_ids, train_bpe
+
+log = logging.getLogger("ddtree.train")
+
+
+# ---- data ------------------------------------------------------------------------------------------
+
+def tokenize_files(tok, files: list[CorpusFile], eos_id: int) -> torch.Tensor:
+    """Concatenate the token ids of the files (sorted order), each followed by eos: [N] int64."""
+    encs = tok.encode_batch([f.text for f in files])
+    ids: list[int] = []
+    for e in encs:
+        ids.extend(e.ids)
+        ids.append(eos_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def random_windows(stream: torch.Tensor, batch: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
+    """[batch, seq_len] windows at random offsets of the token stream."""
+    if stream.numel() <= seq_len:
+        raise ValueError(f"token stream ({stream.numel()}) shorter than seq_len ({seq_len})")
+    starts = torch.randint(0, stream.numel() - seq_len, (batch,), generator=gen)
+    return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warmup then cosine decay to 10% of peak."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac)))
+
+
+@dataclass
+class LoopResult:
+    steps: int
+    seconds: float
+    final_loss: float  # EMA of the training loss at the end
+    stopped_by: str  # "max_steps" | "deadline"
+
+
+def run_loop(
+    step_fn: Callable[[int], float],
+    params: list[torch.nn.Parameter],
+    *,
+    peak_lr: float,
+    budget_s: float,
+    max_steps: int,
+    log_every: int,
+    desc: str,
+    progress: bool,
+    log_file: Path | None,
+) -> LoopResult:
+    """Generic AdamW loop under a wall-clock budget.
+
+    The warmup + cosine schedule runs on training progress = max(step / max_steps, elapsed / budget):
+    on a shared CPU the step time varies too much to fix a step count in advance, and this way the
+    whole budget is used with the learning rate decayed at the deadline.
+    """
+    from tqdm.auto import tqdm
+
+    opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.05)
+    t0 = time.perf_counter()
+    warmup_frac = 0.05
+    bar = tqdm(total=max_steps if max_steps < 10**5 else None, desc=desc, disable=not progress,
+               unit="step", mininterval=2.0)
+    ema = float("nan")
+    step, stopped = 0, "max_steps"
+    with (log_file.open("a") if log_file else open(os.devnull, "w")) as lf:
+        while step < max_steps:
+            elapsed = time.perf_counter() - t0
+            if elapsed >= budget_s:
+                stopped = "deadline"
+                break
+            frac = max(step / max_steps, elapsed / budget_s)
+            lr = lr_at(int(frac * 10_000), 10_000, peak_lr, int(warmup_frac * 10_000))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            opt.zero_grad(set_to_none=True)
+            loss = step_fn(step)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            ema = loss if math.isnan(ema) else 0.95 * ema + 0.05 * loss
+            step += 1
+            bar.update(1)
+            if step % log_every == 0:
+                bar.set_postfix(loss=f"{ema:.3f}", lr=f"{lr:.2e}")
+                rec = {"phase": desc, "step": step, "loss": loss, "loss_ema": ema, "lr": lr,
+                       "elapsed_s": round(time.perf_counter() - t0, 2)}
+                lf.write(json.dumps(rec) + "\n")
+                lf.flush()
+                log.info("%s step %d loss %.4f (ema %.4f) lr %.2e %.0fs", desc, step, loss, ema, lr,
+                         time.perf_counter() - t0)
+    bar.close()
+    return LoopResult(step, round(time.perf_counter() - t0, 2), ema, stopped)
+
+
+# ---- target ----------------------------------------------------------------------------------------
+
+def train_target(
+    model, stream: torch.Tensor, spec: PairSize, *, seed: int, device: torch.device, budget_s: float,
+    progress: bool = True, log_file: Path | None = None, autocast: bool = False,
+) -> LoopResult:
+    """Causal-LM training on random windows of the train token stream."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    model.train()
+
+    def step_fn(_: int) -> float:
+        x = random_windows(stream, spec.target_batch, spec.seq_len + 1, gen).to(device)  # [B, S+1]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            logits = model(input_ids=x[:, :-1]).logits  # [B, S, V]
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        loss.backward()
+        return float(loss.detach())
+
+    res = run_loop(step_fn, [p for p in model.parameters() if p.requires_grad], peak_lr=spec.target_lr,
+                   budget_s=budget_s, max_steps=spec.target_max_steps, log_every=10, desc="target",
+                   progress=progress, log_file=log_file)
+    model.eval()
+    return res
+
+
+@torch.no_grad()
+def eval_lm_loss(model, stream: torch.Tensor, seq_len: int, device: torch.device, max_windows: int = 32) -> float:
+    """Mean next-token loss over consecutive held-out windows."""
+    n = min(max_windows, stream.numel() // (seq_len + 1))
+    if n == 0:
+        return float("nan")
+    x = stream[: n * (seq_len + 1)].view(n, seq_len + 1).to(device)
+    logits = model(input_ids=x[:, :-1]).logits.float()
+    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)))
+
+
+# ---- drafter ---------------------------------------------------------------------------------------
+
+def position_weights(block_size: int, gamma: float | None, device: torch.device) -> torch.Tensor:
+    """[D] loss weights for drafted positions 1..b-1: exp(-(k-1)/gamma), normalised to mean 1."""
+    k = torch.arange(block_size - 1, device=device, dtype=torch.float32)
+    w = torch.ones_like(k) if not gamma else torch.exp(-k / gamma)
+    return w / w.mean()
+
+
+def sample_anchors(batch: int, num: int, seq_len: int, block_size: int, gen: torch.Generator) -> torch.Tensor:
+    """[batch, num] sorted distinct anchors in [1, seq_len - block_size] (context never empty)."""
+    hi = seq_len - block_size  # last anchor whose whole block has labels inside the window
+    if hi < 1:
+        raise ValueError(f"seq_len ({seq_len}) must exceed block_size ({block_size})")
+    num = min(num, hi)
+    scores = torch.rand(batch, hi, generator=gen)
+    return (scores.topk(num, dim=1).indices + 1).sort(dim=1).values
+
+
+def drafter_batch_loss(
+    target, drafter: DFlashDrafter, x: torch.Tensor, anchors: torch.Tensor, weights: torch.Tensor,
+    label_mode: str = "greedy", autocast: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One training-layout forward. x [B, S] tokens, anchors [B, M]. Returns (loss, top-1 accuracy per pos [D]).
+
+    Labels at drafted position k (token position a + k): the target's greedy prediction from position
+    a + k - 1 ("greedy") or the data token itself ("data").
+    """
+    cfg = drafter.config
+    B, S = x.shape
+    M, b = anchors.shape[1], cfg.block_size
+    dev = x.device
+    with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
+        out = target(input_ids=x, output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i + 1] for i in cfg.target_layer_ids], dim=-1).float()  # [B,S,kH]
+        greedy = out.logits.argmax(-1)  # [B, S], greedy[t] predicts token t+1
+    embed = target.get_input_embeddings()
+    head = target.get_output_embeddings()
+    offs = torch.arange(b, device=dev)
+    pos = anchors.unsqueeze(-1) + offs  # [B, M, b]
+    ids = torch.full((B, M, b), cfg.mask_token_id, dtype=torch.long, device=dev)
+    ids[:, :, 0] = x.gather(1, anchors)
+    if label_mode == "greedy":
+        labels = greedy.gather(1, (pos[:, :, 1:] - 1).reshape(B, -1)).view(B, M, b - 1)
+    elif label_mode == "data":
+        labels = x.gather(1, pos[:, :, 1:].reshape(B, -1)).view(B, M, b - 1)
+    else:
+        raise ValueError(f"label_mode must be 'greedy' or 'data', got {label_mode!r}")
+    mask = training_block_mask(anchors, S, b)  # [B, M*b, S + M*b]
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
+        ctx = drafter.hidden_norm(drafter.fc(feats))  # [B, S, H]
+        with torch.no_grad():
+            blk = embed(ids.view(B, M * b))
+        h = drafter(blk, pos.view(B, M * b), ctx, torch.arange(S, device=dev).expand(B, S), attention_mask=mask)
+        logits = head(h.view(B, M, b, -1)[:, :, 1:])  # [B, M, D, V]
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    loss = (ce.view(B, M, b - 1) * weights).mean()
+    acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))  # [D]
+    return loss, acc
+
+
+def train_drafter(
+    target, drafter: DFlashDrafter, stream: torch.Tensor, spec: PairSize, *, seed: int, device: torch.device,
+    budget_s: float, label_mode: str = "greedy", gamma: float | None = 4.0, progress: bool = True,
+    log_file: Path | None = None, autocast: bool = False,
+) -> tuple[LoopResult, list[float]]:
+    """Train the drafter against the frozen target. Returns the loop result and the last per-position acc."""
+    for p in target.parameters():
+        p.requires_grad_(False)
+    target.eval()
+    drafter.train()
+    gen = torch.Generator().manual_seed(seed + 2)
+    w = position_weights(spec.block_size, gamma, device)
+    last_acc: list[float] = []
+
+    def step_fn(_: int) -> float:
+        x = random_windows(stream, spec.drafter_batch, spec.seq_len, gen).to(device)
+        anchors = sample_anchors(x.shape[0], spec.drafter_anchors, spec.seq_len, spec.block_size, gen).to(device)
+        loss, acc = drafter_batch_loss(target, drafter, x, anchors, w, label_mode, autocast)
+        loss.backward()
+        last_acc[:] = [round(float(a), 4) for a in acc]
+        return float(loss.detach())
+
+    res = run_loop(step_fn, [p for p in drafter.parameters() if p.requires_grad], peak_lr=spec.drafter_lr,
+                   budget_s=budget_s, max_steps=spec.drafter_max_steps, log_every=10, desc="drafter",
+                   progress=progress, log_file=log_file)
+    drafter.eval()
+    return res, last_acc
+
+
+# ---- offline acceptance --------------------------------------------------------------------------------
+
+def _heap_tree(logits: torch.Tensor, budget: int) -> tuple[list[int], list[int]]:
+    """Fallback best-first DDTree builder (used only if ddtree.core.build is unavailable).
+
+    logits [D, V] -> (tokens, parents) of the non-root nodes in pop order; node ids start at 1, root 0.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    D, V = logp.shape
+    k = min(budget, V)
+    top_lp, top_id = logp.topk(k, dim=-1)  # [D, k]
+    top_lp, top_id = top_lp.tolist(), top_id.tolist()
+    tokens: list[int] = []
+    parents: list[int] = []
+    heap = [(-top_lp[0][0], 0, 0, 0, 0.0)]  # (-logw, parent node, depth index, rank, parent logw)
+    while heap and len(tokens) < budget:
+        neg, parent, d, r, plw = heapq.heappop(heap)
+        tokens.append(top_id[d][r])
+        parents.append(parent)
+        node = len(tokens)
+        if r + 1 < k:
+            heapq.heappush(heap, (-(plw + top_lp[d][r + 1]), parent, d, r + 1, plw))
+        if d + 1 < D:
+            heapq.heappush(heap, (-(-neg + top_lp[d + 1][0]), node, d + 1, 0, -neg))
+    return tokens, parents
+
+
+def tree_for(logits: torch.Tensor, budget: int) -> tuple[list[int], list[int]]:
+    """(tokens, parents) of the DDTree nodes (root excluded, root id 0) from draft logits [D, V]."""
+    try:
+        from ddtree.core.build import build_tree
+    except ImportError:
+        return _heap_tree(logits, budget)
+    res = build_tree(logits.unsqueeze(0), budget)
+    n = int(res.num_nodes[0])
+    return res.token_ids[0, 1:n].tolist(), res.parents[0, 1:n].tolist()
+
+
+def tree_accept_len(tokens: list[int], parents: list[int], truth: list[int]) -> int:
+    """Greedy walk: longest tree path whose tokens equal truth[0], truth[1], ..."""
+    children: dict[int, dict[int, int]] = {}
+    for i, (t, p) in enumerate(zip(tokens, parents), start=1):
+        children.setdefault(p, {}).setdefault(t, i)
+    node, n = 0, 0
+    while n < len(truth) and truth[n] in children.get(node, {}):
+        node = children[node][truth[n]]
+        n += 1
+    return n
+
+
+def chain_accept_len(drafted: list[int], truth: list[int]) -> int:
+    n = 0
+    while n < min(len(drafted), len(truth)) and drafted[n] == truth[n]:
+        n += 1
+    return n
+
+
+@torch.no_grad()
+def greedy_continuation(target, ids: list[int], n: int, device: torch.device) -> list[int]:
+    """The target's greedy continuation of `ids` (n tokens), plain KV-cached decoding."""
+    x = torch.tensor([ids], device=device)
+    out = target(input_ids=x, use_cache=True)
+    past, nxt = out.past_key_values, int(out.logits[0, -1].argmax())
+    cont = [nxt]
+    for _ in range(n - 1):
+        out = target(input_ids=torch.tensor([[nxt]], device=device), past_key_values=past, use_cache=True)
+        past, nxt = out.past_key_values, int(out.logits[0, -1].argmax())
+        cont.append(nxt)
+    return cont
+
+
+@torch.no_grad()
+def all_block_logits(drafter: DFlashDrafter, embed, head, seq: list[int], feats: torch.Tensor,
+                     starts: list[int]) -> torch.Tensor:
+    """Draft logits of a round starting at each of `starts`, in ONE masked forward: [M, D, V].
+
+    Identical to one inference-style `draft_logits` call per start (context = features of positions
+    < start), by the training layout (tests/models/test_drafter.py checks the equivalence).
+    """
+    cfg = drafter.config
+    b, dev = cfg.block_size, feats.device
+    anchors = torch.tensor([starts], device=dev)  # [1, M]
+    M, T = len(starts), feats.shape[1]
+    ids = torch.full((1, M, b), cfg.mask_token_id, dtype=torch.long, device=dev)
+    ids[0, :, 0] = torch.tensor([seq[s] for s in starts], device=dev)
+    pos = (anchors.unsqueeze(-1) + torch.arange(b, device=dev)).view(1, M * b)
+    mask = training_block_mask(anchors, T, b)
+    h = drafter(embed(ids.view(1, M * b)), pos, feats, torch.arange(T, device=dev).unsqueeze(0),
+                attention_mask=mask)  # [1, M*b, H]
+    return head(h.view(M, b, -1)[:, 1:])  # [M, D, V]
+
+
+@torch.no_grad()
+def evaluate_acceptance(
+    pair, prompts: list[dict], *, max_new_tokens: int = 64, budget: int = 32, num_prompts: int | None = 32,
+    device: torch.device | str = "cpu", progress: bool = False,
+) -> dict[str, Any]:
+    """Teacher-forced tau at T = 0 for DFlash (argmax chain) and DDTree (tree under `budget`).
+
+    Per prompt: the target's greedy continuation c of max_new_tokens (+ one block of slack so the last
+    round is not truncated). A round starting with the bonus at position s drafts from context features
+    of positions < s (the engine's convention), accepts the longest drafted prefix equal to c after s,
+    and the next bonus sits at s + accepted + 1. The first bonus is the prefill's token (position P).
+    tau = (accepted + 1) averaged over rounds; reported pooled over rounds and averaged per prompt.
+    """
+    import warnings
+
+    from tqdm.auto import tqdm
+
+    device = torch.device(device)
+    target, drafter, tok = pair.target, pair.drafter, pair.tokenizer
+    b = drafter.config.block_size
+    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+    sel = prompts if num_prompts is None else prompts[:num_prompts]
+    stats = {m: {"rounds": 0, "accepted": 0, "per_prompt": []} for m in ("dflash", "ddtree")}
+    for rec in tqdm(sel, desc="eval", disable=not progress):
+        ids = tok(rec["text"]).input_ids
+        P = len(ids)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            cont = greedy_continuation(target, ids, max_new_tokens + b, device)
+        seq = ids + cont
+        out = target(input_ids=torch.tensor([seq], device=device), output_hidden_states=True)
+        feats = drafter.extract_context(out.hidden_states)  # [1, len, H]
+        starts = list(range(P, P + max_new_tokens))
+        logits_all = all_block_logits(drafter, embed, head, seq, feats, starts)  # [N, D, V]
+        for method in ("dflash", "ddtree"):
+            s, rounds, acc = P, 0, 0
+            while s < P + max_new_tokens:
+                logits = logits_all[s - P]  # [D, V]
+                truth = seq[s + 1 : s + b]
+                if method == "dflash":
+                    n = chain_accept_len(logits.argmax(-1).tolist(), truth)
+                else:
+                    n = tree_accept_len(*tree_for(logits, budget), truth)
+                rounds += 1
+                acc += n
+                s += n + 1
+            st = stats[method]
+            st["rounds"] += rounds
+            st["accepted"] += acc
+            st["per_prompt"].append((acc + rounds) / rounds)
+    result: dict[str, Any] = {"num_prompts": len(sel), "max_new_tokens": max_new_tokens, "budget": budget,
+                              "block_size": b, "temperature": 0.0}
+    for m, st in stats.items():
+        result[f"{m}_tau"] = round((st["accepted"] + st["rounds"]) / max(st["rounds"], 1), 4)
+        result[f"{m}_tau_per_prompt_mean"] = round(sum(st["per_prompt"]) / max(len(st["per_prompt"]), 1), 4)
+        result[f"{m}_rounds"] = st["rounds"]
+    result["ddtree_over_dflash"] = round(result["ddtree_tau"] / max(result["dflash_tau"], 1e-9), 4)
+    return result
+
+
+# ---- orchestration ---------------------------------------------------------------------------------
+
+def _seed_all(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def train_pair(
+    out_dir: str | Path, size: str = "small", *, seed: int = 0, device: str = "cpu",
+    max_minutes: float | None = None, progress: bool = True, evaluate: bool = True,
+    label_mode: str = "greedy", num_prompts: int = 200, eval_prompts: int = 32,
+) -> dict[str, Any]:
+    """Build the whole pair directory; returns the manifest (also written to out_dir/manifest.json)."""
+    from transformers import Qwen3ForCausalLM
+
+    spec = get_size(size)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' requested but CUDA is not available")
+    autocast = dev.type == "cuda"
+    t_budget, d_budget = spec.target_minutes * 60, spec.drafter_minutes * 60
+    if max_minutes is not None:
+        if max_minutes <= 0:
+            raise ValueError(f"max_minutes must be > 0, got {max_minutes}")
+        scale = min(1.0, max_minutes * 60 / (t_budget + d_budget))
+        t_budget, d_budget = t_budget * scale, d_budget * scale
+    log_file = out / "train_log.jsonl"
+    log_file.write_text("")
+    _seed_all(seed)
+    t_all = time.perf_counter()
+
+    # corpus + prompts
+    t0 = time.perf_counter()
+    files = load_corpus(max_train_bytes=spec.corpus_max_train_bytes)
+    train_files = [f for f in files if f.split == "train"]
+    held_files = [f for f in files if f.split == "heldout"]
+    prompts = make_prompts(files, n=num_prompts, seed=seed)
+    (out / "prompts").mkdir(exist_ok=True)
+    with (out / "prompts" / "heldout.jsonl").open("w") as fh:
+        for p in prompts:
+            fh.write(json.dumps(p) + "\n")
+
+    # tokenizer (on a deterministic prefix of the train split)
+    tok_texts, nbytes = [], 0
+    for f in train_files:
+        if spec.tokenizer_max_bytes is not None and nbytes >= spec.tokenizer_max_bytes:
+            break
+        tok_texts.append(f.text)
+        nbytes += len(f.text)
+    tok = train_bpe(tok_texts, spec.vocab_size)
+    special = special_token_ids(tok)
+    vocab = tok.get_vocab_size()
+    train_stream = tokenize_files(tok, train_files, special["eos_token_id"])
+    held_stream = tokenize_files(tok, held_files, special["eos_token_id"])
+    prep_s = time.perf_counter() - t0
+    log.info("corpus: %d train files (%d tokens), %d held-out files (%d tokens), vocab %d, %.1fs",
+             len(train_files), train_stream.numel(), len(held_files), held_stream.numel(), vocab, prep_s)
+
+    # target
+    torch.manual_seed(seed)
+    target = Qwen3ForCausalLM(target_config(spec, vocab, special["eos_token_id"])).to(dev)
+    t_res = train_target(target, train_stream, spec, seed=seed, device=dev, budget_s=t_budget,
+                         progress=progress, log_file=log_file, autocast=autocast)
+    held_loss = eval_lm_loss(target, held_stream, spec.seq_len, dev)
+    target.save_pretrained(str(out / "target"))
+    save_tokenizer(tok, out / "target", spec.max_position_embeddings)
+
+    # drafter
+    torch.manual_seed(seed + 100)
+    drafter = DFlashDrafter(drafter_config(spec, vocab, special["mask_token_id"])).to(dev)
+    d_res, d_acc = train_drafter(target, drafter, train_stream, spec, seed=seed, device=dev, budget_s=d_budget,
+                                 label_mode=label_mode, progress=progress, log_file=log_file, autocast=autocast)
+    drafter.save_pretrained(out / "drafter")
+    train_s = time.perf_counter() - t_all
+
+    manifest: dict[str, Any] = {
+        "kind": "embedded",
+        "size": spec.to_dict(),
+        "seed": seed,
+        "device": str(dev),
+        "label_mode": label_mode,
+        "vocab_size": vocab,
+        **special,
+        "environment": {"python": sys.version.split()[0], "torch": torch.__version__,
+                        "platform": platform.platform(), "torch_threads": torch.get_num_threads()},
+        "corpus": corpus_manifest(files),
+        "tokens": {"train": int(train_stream.numel()), "heldout": int(held_stream.numel())},
+        "prompts": {"path": "prompts/heldout.jsonl", "count": len(prompts),
+                    "sha256": _file_sha256(out / "prompts" / "heldout.jsonl")},
+        "training": {
+            "prep_s": round(prep_s, 2),
+            "target": {**t_res.__dict__, "budget_s": t_budget, "heldout_loss": round(held_loss, 4)},
+            "drafter": {**d_res.__dict__, "budget_s": d_budget, "last_batch_acc_per_pos": d_acc},
+            "total_s": round(train_s, 2),
+        },
+        "metrics": {},
+    }
+    if evaluate:
+        from ddtree.models.pair import load_pair
+
+        pair = load_pair(out, device=dev, dtype=torch.float32)
+        manifest["metrics"]["acceptance_t0"] = evaluate_acceptance(
+            pair, prompts, num_prompts=eval_prompts, device=dev, progress=progress)
+        log.info("acceptance: %s", manifest["metrics"]["acceptance_t0"])
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def iter_jsonl(path: Path) -> Iterator[dict]:
+    with Path(path).open() as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
