@@ -1,0 +1,13 @@
+"""Fixtures of the workflow tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from workflow_helpers import copy_workflow
+
+
+@pytest.fixture()
+def workdir(tmp_path: Path) -> Path:
+    return copy_workflow(tmp_path / "wf")

@@ -1,0 +1,120 @@
+"""Lint, cluster dry run, configuration rejection and environment consistency (no training)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tomllib
+
+import pytest
+import yaml
+
+from workflow_helpers import REPO, snakemake
+
+ALL_PROFILES = "hardware=[cpu,h200-x1,rtx-pro-6000-x8,b300-x8]"
+
+
+def test_lint_is_clean(workdir):
+    done = snakemake(workdir, "--lint")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Congratulations, your workflow is in a good condition" in done.stdout + done.stderr
+
+
+def test_default_dry_run_plans_every_stage(workdir):
+    done = snakemake(workdir, "-n", "--cores", "1")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    for rule in ("train_embedded_pair", "selfcheck", "prepare_prompts", "plan", "benchmark", "aggregate",
+                 "environment", "profile_report", "summary_report"):
+        assert re.search(rf"^{rule}\s+\d+", out, re.M), rule
+    # ar and dflash once, ddtree once per budget: 2 + 2 = 4 benchmark jobs on the default config.
+    assert re.search(r"^benchmark\s+4$", out, re.M)
+
+
+def test_cluster_profile_dry_run_maps_hardware_resources(workdir):
+    # Works without SLURM. Snakemake's dry run asks `conda info` when the profile deploys conda
+    # envs; where conda itself is absent (CI), the deployment method alone is swapped out.
+    profile = yaml.safe_load((workdir / "gpu-cluster" / "config.v8+.yaml").read_text())
+    assert profile["executor"] == "slurm" and profile["software-deployment-method"] == "conda"
+    no_conda = [] if shutil.which("conda") else ["--software-deployment-method", "env-modules"]
+    done = snakemake(workdir, "--profile", "gpu-cluster", "-n", *no_conda, "--config", ALL_PROFILES)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    for profile in ("cpu", "h200-x1", "rtx-pro-6000-x8", "b300-x8"):
+        hw = yaml.safe_load((REPO / "config" / "hardware" / f"{profile}.yaml").read_text())["resources"]
+        block = re.search(
+            rf"rule benchmark:.*?wildcards: profile={re.escape(profile)},.*?resources: ([^\n]*)", out, re.S
+        )
+        assert block, profile
+        resources = dict(item.split("=", 1) for item in block.group(1).split(", "))
+        assert resources["slurm_partition"] == hw["partition"]
+        assert resources["gpu"] == str(hw["gpus"])
+        assert resources["gpu_model"] == (hw["gpu_model"] or "")
+        assert resources["cpus_per_task"] == str(hw["cpus"])
+        assert resources["mem_mb"] == str(hw["mem_mb"])
+        assert resources["runtime"] == str(hw["runtime_min"])
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--config", "colour=blue"], ["colour", "Additional properties are not allowed"]),
+        (["--config", "budgets=lots"], ["budgets", "is not of type 'array'"]),
+        (["--config", "acceptance={max_new_tokens: many}"], ["max_new_tokens", "many"]),
+        (["--config", "hardware=[gb200]"], ["hardware profile 'gb200' is unknown"]),
+        (["--config", "pairs=[nope]"], ["pairs: 'nope'"]),
+    ],
+)
+def test_bad_configuration_is_rejected_naming_it(workdir, args, needles):
+    done = snakemake(workdir, "-n", "--cores", "1", *args)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    for needle in needles:
+        assert needle in out, (needle, out[-3000:])
+
+
+def test_bad_hardware_profile_is_rejected_naming_file_and_key(workdir):
+    cpu = yaml.safe_load((workdir / "config/hardware/cpu.yaml").read_text())
+    cpu["resources"]["gpu_count"] = 2
+    (workdir / "config/hardware/broken.yaml").write_text(yaml.safe_dump(cpu))
+    done = snakemake(workdir, "-n", "--cores", "1", "--config", "hardware=[broken]")
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "config/hardware/broken.yaml" in out and "gpu_count" in out
+
+
+def test_hub_pair_offline_fails_at_once_with_how_to(workdir):
+    done = snakemake(workdir, "-n", "--cores", "1", "--config", "pairs=[qwen3-8b]", env={"HF_HUB_OFFLINE": "1"},
+                     timeout=60)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    for needle in ("qwen3-8b", "Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "HF_TOKEN",
+                   "resources/models/qwen3-8b", "embedded"):
+        assert needle in out, needle
+    assert "Traceback" not in out
+
+
+def _requirements(lines):
+    reqs = {}
+    for line in lines:
+        match = re.match(r"^([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*(.*)$", line.strip())
+        if match and not line.strip().startswith("-"):
+            reqs[match.group(1).lower().replace("_", "-")] = match.group(3).replace(" ", "")
+    return reqs
+
+
+@pytest.mark.parametrize("env_file, editable", [("environment.yml", "-e .[pipeline,test]"),
+                                                ("workflow/envs/ddtree.yaml", "-e ../..[pipeline,test]")])
+def test_environment_files_match_pyproject(env_file, editable):
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = _requirements(project["dependencies"] + project["optional-dependencies"]["pipeline"]
+                           + project["optional-dependencies"]["test"])
+    env = yaml.safe_load((REPO / env_file).read_text())
+    deps = env["dependencies"]
+    assert "python=3.11" in deps and "pip" in deps
+    pip = next(d["pip"] for d in deps if isinstance(d, dict) and "pip" in d)
+    assert editable in pip, "the package must be installed into the env (not via PYTHONPATH)"
+    have = _requirements(pip)
+    for name, spec in wanted.items():
+        assert name in have, f"{env_file}: {name} from pyproject.toml is missing"
+        assert have[name] == spec, f"{env_file}: {name} is {have[name]!r}, pyproject.toml says {spec!r}"
