@@ -320,3 +320,28 @@ def test_verifiers_do_not_modify_target_logits():
     verify_sampling(tree, logits, SamplingParams(1.0, 3, 0.9), backend="torch")
     verify_sampling(tree, logits, SamplingParams(1.0), backend="reference")
     assert torch.equal(logits, before)
+
+
+class _Float32Allocations(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the storages of every fp32 tensor of at least `numel` elements an op returns."""
+
+    def __init__(self, numel: int):
+        super().__init__()
+        self.numel = numel
+        self.storages: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in torch.utils._pytree.tree_leaves(out):
+            if isinstance(leaf, torch.Tensor) and leaf.dtype == torch.float32 and leaf.numel() >= self.numel:
+                self.storages.add(leaf.untyped_storage().data_ptr())
+        return out
+
+
+@pytest.mark.parametrize("params", [SamplingParams(0.8), SamplingParams(torch.tensor([0.0, 1.3]), 3, 1.0)])
+def test_sampling_path_allocates_one_full_size_fp32_buffer(params):
+    tree, logits = _small()
+    logits = logits.to(torch.bfloat16)
+    with _Float32Allocations(logits.numel()) as mode:
+        verify_sampling(tree, logits, params, torch.Generator().manual_seed(0), backend="torch")
+    assert len(mode.storages) == 1
