@@ -103,7 +103,8 @@ def node_lists(tree: DDTreeBuildResult) -> list[list[Node]]:
     for b in range(tree.batch_size):
         n = int(tree.num_nodes[b])
         out.append([
-            Node(int(tree.parents[b, i]), int(tree.token_ids[b, i]), float(tree.node_logws[b, i]), int(tree.depths[b, i]))
+            Node(int(tree.parents[b, i]), int(tree.token_ids[b, i]), float(tree.node_logws[b, i]),
+                 int(tree.depths[b, i]))
             for i in range(n)
         ])
     return out

@@ -178,7 +178,9 @@ def check_build(device: torch.device, seed: int) -> str:
         for field in ("token_ids", "parents", "depths", "node_logws", "num_nodes"):
             a, b = getattr(heap, field).cpu(), getattr(batched, field).cpu()
             if not torch.equal(a, b):
-                raise AssertionError(f"heap and batched differ in {field} at B={batch} D={depth} V={vocab} budget={budget}")
+                raise AssertionError(
+                    f"heap and batched differ in {field} at B={batch} D={depth} V={vocab} budget={budget}"
+                )
     return f"identical on {len(shapes)} shapes"
 
 
@@ -201,7 +203,8 @@ def check_retrieve(device: torch.device, seed: int) -> str:
             while c != -1 and len(walked) <= cols:
                 walked.append(c)
                 c = int(sib[b, c])
-            expected = sorted((j for j in real if j > 0 and int(parents[b, j]) == i), key=lambda j: (-float(logws[b, j]), j))
+            kids = (j for j in real if j > 0 and int(parents[b, j]) == i)
+            expected = sorted(kids, key=lambda j: (-float(logws[b, j]), j))
             if walked != expected:
                 raise AssertionError(f"request {b} node {i}: links visit {walked}, children by logw are {expected}")
     return f"{tree.batch_size} trees, {cols} columns"
@@ -226,7 +229,8 @@ def check_greedy(device: torch.device, seed: int) -> str:
         path, bonus = _naive_walk(nodes, picks[b], depth)
         got = result.accepted_nodes[b].tolist()
         if got != path + [-1] * (depth + 1 - len(path)) or int(result.bonus_token[b]) != bonus:
-            raise AssertionError(f"request {b}: walked {got} bonus {int(result.bonus_token[b])}, expected {path} {bonus}")
+            bonus_got = int(result.bonus_token[b])
+            raise AssertionError(f"request {b}: walked {got} bonus {bonus_got}, expected {path} {bonus}")
         want = [nodes[i][1] for i in path[1:]] + [bonus]
         if emitted.emitted_tokens[b, : len(want)].tolist() != want:
             raise AssertionError(f"request {b}: commit emitted {emitted.emitted_tokens[b].tolist()}, expected {want}")

@@ -184,7 +184,11 @@ def verify_sampling(
 
     if backend in ("sglang", "reference"):
         probs = process_logits_unchecked(target_logits, params)  # [B, N, V] fp32
-        from ddtree.core.kernels import load_sglang_kernel, reference_tree_speculative_sampling_target_only, verify_with_kernel
+        from ddtree.core.kernels import (
+            load_sglang_kernel,
+            reference_tree_speculative_sampling_target_only,
+            verify_with_kernel,
+        )
         from ddtree.core.retrieve import encode_retrieve
 
         kernel = load_sglang_kernel() if backend == "sglang" else reference_tree_speculative_sampling_target_only
