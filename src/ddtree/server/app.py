@@ -219,6 +219,7 @@ def create_app(
         worker=SerialWorker(),
         extra_info=dict(extra_info or {}),
     )
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
