@@ -15,12 +15,13 @@ rule profile_report:
         name=subpath(output.html, basename=True, strip_suffix=".html"),
     log:
         notebook="results/logs/report/{profile}.ipynb",
+        stderr="results/logs/report/{profile}.log",
     conda:
         CONDA_ENV
     shell:
         "papermill {input.notebook} {log.notebook} {params.parameters} -k python3 --log-output "
-        "&& jupyter nbconvert --to html --no-input {log.notebook} "
-        "--output-dir {params.out_dir} --output {params.name}"
+        "> {log.stderr} 2>&1 && jupyter nbconvert --to html --no-input {log.notebook} "
+        "--output-dir {params.out_dir} --output {params.name} >> {log.stderr} 2>&1"
 
 
 rule summary_report:
@@ -33,9 +34,10 @@ rule summary_report:
         out_dir=subpath(output.html, parent=True),
     log:
         notebook="results/logs/report/summary.ipynb",
+        stderr="results/logs/report/summary.log",
     conda:
         CONDA_ENV
     shell:
         "papermill {input.notebook} {log.notebook} -p tables_dir results/tables -k python3 --log-output "
-        "&& jupyter nbconvert --to html --no-input {log.notebook} "
-        "--output-dir {params.out_dir} --output summary"
+        "> {log.stderr} 2>&1 && jupyter nbconvert --to html --no-input {log.notebook} "
+        "--output-dir {params.out_dir} --output summary >> {log.stderr} 2>&1"

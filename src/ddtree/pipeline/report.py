@@ -60,9 +60,6 @@ def _run_order(frame: pd.DataFrame) -> list[str]:
 
 
 def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -281,17 +278,26 @@ def hardware_summary(tables: dict[str, pd.DataFrame]) -> Panel:
     return panel
 
 
+def figure_png(figure: Any, dpi: int = 110) -> bytes:
+    """PNG bytes of a figure, which is then closed (works under any matplotlib backend)."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(figure)
+    return buffer.getvalue()
+
+
 def show(panel: Panel) -> None:
     """Notebook display: heading, notes, figure, then the table of the numbers behind it."""
-    from IPython.display import Markdown, display
+    from IPython.display import Image, Markdown, display
 
     display(Markdown(f"## {panel.title}"))
     for note in panel.notes:
         display(Markdown(f"> **Note:** {note}"))
     if panel.figure is not None:
-        display(panel.figure)
-        import matplotlib.pyplot as plt
-
-        plt.close(panel.figure)
+        display(Image(data=figure_png(panel.figure)))
     if not panel.table.empty:
         display(panel.table.round(4).reset_index(drop=True))
