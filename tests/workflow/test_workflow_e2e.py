@@ -1,0 +1,114 @@
+"""The whole workflow on the tiny test configuration (.test/config.yaml), for real: the tiny pair
+is trained, servers are started, records aggregated and reports rendered. Then a benchmark is
+killed mid-run: no server may survive, and the rerun must resume instead of redoing requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from workflow_helpers import copy_workflow, snakemake
+
+pytestmark = pytest.mark.slow
+
+TEST_CONFIG = (".test/config.yaml",)
+SERVER_MARK = "ddtree.cli serve"
+
+
+def server_processes(model_dir: Path) -> list[str]:
+    """Command lines of live reference servers serving a model under model_dir."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next(line for line in (proc / "status").read_text().splitlines() if line.startswith("State:"))
+        except (OSError, StopIteration):
+            continue
+        if SERVER_MARK in cmd and str(model_dir) in cmd and "zombie" not in state:
+            found.append(cmd)
+    return found
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    workdir = copy_workflow(tmp_path_factory.mktemp("e2e") / "wf")
+    done = snakemake(workdir, "--cores", "2", "--configfile", *TEST_CONFIG, timeout=1500)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    return workdir
+
+
+def test_end_to_end_outputs(finished_run: Path):
+    wd = finished_run
+    for report in ("cpu", "summary"):
+        html = (wd / "results" / "reports" / f"{report}.html").read_text()
+        assert len(html) > 10_000 and "<html" in html.lower()
+        assert "data:image/png;base64" in html  # the seaborn figures are embedded
+    tables = wd / "results" / "tables"
+    acceptance = pd.read_parquet(tables / "acceptance.parquet")
+    assert set(acceptance["method"]) == {"ar", "dflash", "ddtree"}
+    assert acceptance["error"].isna().all()
+    # 3 prompts: greedy once, t1 twice per prompt -> 9 requests per run.
+    assert (acceptance.groupby("method").size() == 9).all()
+    assert set(pd.read_csv(tables / "throughput.csv")["concurrency"]) == {1, 2}
+    match = pd.read_parquet(tables / "greedy_match.parquet")
+    assert set(match["method"]) == {"dflash", "ddtree"} and (match["n"] == 3).all()
+    assert not pd.read_parquet(tables / "sampling_test.parquet").empty
+    env = json.loads((tables / "environment.json").read_text())
+    assert env["packages"]["torch"] and env["pairs"]["embedded-tiny"]["manifest_sha256"]
+    assert json.loads((wd / "results/cpu/build/selfcheck.json").read_text())["ok"] is True
+    assert server_processes(wd / "resources") == []
+    # A second run has nothing to do.
+    again = snakemake(wd, "-n", "--cores", "1", "--configfile", *TEST_CONFIG)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_killed_benchmark_leaves_no_server_and_rerun_resumes(finished_run: Path):
+    wd = finished_run
+    run_dir = wd / "results" / "cpu" / "embedded-tiny" / "ar"
+    records = run_dir / "records" / "acceptance.jsonl"
+    # More requests than the finished run, so the benchmark is still busy when it is killed.
+    more = ["--config", "acceptance={variants: [greedy, t1], num_prompts: 3, max_new_tokens: 48, "
+            "samples_per_prompt: 12}"]
+    target = str(run_dir.relative_to(wd) / "summary.json")
+    cmd = [sys.executable, "-m", "snakemake", target, "--cores", "2", "--configfile", *TEST_CONFIG, *more]
+    proc = subprocess.Popen(cmd, cwd=wd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            lines = records.read_text().splitlines() if records.exists() else []
+            if len(lines) >= 3:
+                break
+            assert proc.poll() is None, "the benchmark finished before it could be killed"
+            time.sleep(0.2)
+        else:
+            pytest.fail("no records appeared within 300 s")
+        os.killpg(proc.pid, signal.SIGTERM)  # what a cluster scheduler or Ctrl-C does to the job
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert server_processes(wd / "resources") == [], "a server outlived the killed benchmark"
+    assert not (run_dir / "summary.json").exists()
+
+    before = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    assert 3 <= len(before) < 3 + 3 * 12
+    done = snakemake(wd, target, "--cores", "2", "--configfile", *TEST_CONFIG, *more, "--rerun-incomplete",
+                     timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    after = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    assert len(after) == 3 + 3 * 12
+    # Finished requests were kept as they were, not redone.
+    assert after[: len(before)] == before
+    keys = [(r["prompt_id"], r["variant"], r["sample_index"]) for r in after]
+    assert len(set(keys)) == len(keys)
