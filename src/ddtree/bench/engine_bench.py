@@ -1,0 +1,214 @@
+"""`ddtree bench engine`: in-process decoding of held-out prompts with `ar`, `dflash` and `ddtree`.
+
+One run decodes every prompt with every (method, budget) at every temperature and prints one table:
+method, budget, T, tau (mean committed tokens per round incl. the bonus), expected tau, time per output
+token (decode only, prefill excluded, mean over responses as in the paper), speedup over `ar` at the
+same T, mean per-stage ms per round and, at T = 0, the rate of outputs token-identical to `ar`'s.
+Configurations are interleaved per prompt so that drifting machine load hits all of them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ddtree.engine.types import STAGES, GenerationOutput, GenerationRequest
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="pair directory (target/ + drafter/)")
+    parser.add_argument("--prompts", default=None, help="JSON lines with a 'text' field (default PAIR/prompts/heldout.jsonl)")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-prompt-tokens", type=int, default=512, help="keep the last N prompt tokens")
+    parser.add_argument("--budgets", default="8,16,32,64", help="comma-separated ddtree budgets")
+    parser.add_argument("--temperatures", default="0,1", help="comma-separated temperatures")
+    parser.add_argument("--methods", default="ar,dflash,ddtree", help="comma-separated subset of ar,dflash,ddtree")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--seed", type=int, default=0, help="request seed = seed + prompt index")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--json-out", default=None, help="write the summary rows and per-request records here")
+
+
+def parse_list(text: str, kind: type, name: str) -> list[Any]:
+    """'8,16' -> [8, 16]; ValueError naming the option on a bad item."""
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{name} must be a comma-separated list of {kind.__name__}, got {text!r}") from None
+    if not values:
+        raise ValueError(f"{name} is empty")
+    return values
+
+
+def load_prompts(path: str | Path, num_prompts: int) -> list[dict[str, Any]]:
+    rows = []
+    with Path(path).open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                row = json.loads(line)
+                if "text" not in row:
+                    raise ValueError(f"prompt file {path}: a line has no 'text' field")
+                rows.append(row)
+            if len(rows) >= num_prompts:
+                break
+    if not rows:
+        raise ValueError(f"prompt file {path} holds no prompts")
+    return rows
+
+
+def configurations(methods: Sequence[str], budgets: Sequence[int]) -> list[tuple[str, int | None]]:
+    """(method, budget) pairs in table order; ar first (the speedup reference)."""
+    configs: list[tuple[str, int | None]] = []
+    for method in ("ar", "dflash", "ddtree"):
+        if method not in methods:
+            continue
+        if method == "ddtree":
+            configs.extend(("ddtree", b) for b in budgets)
+        else:
+            configs.append((method, None))
+    return configs
+
+
+def time_per_output_token(output: GenerationOutput) -> float | None:
+    """Decode seconds per token after the first (prefill and the first pick are the TTFT)."""
+    n = len(output.output_ids) - 1
+    return output.decode_time / n if n > 0 else None
+
+
+def summarize(outputs: list[GenerationOutput], ar_outputs: list[GenerationOutput] | None) -> dict[str, Any]:
+    """Pooled tau / expected tau, mean per-response TPOT, mean stage ms per round, greedy match rate."""
+    rounds = sum(o.rounds for o in outputs)
+    committed = sum(sum(o.accept_lens) + len(o.accept_lens) for o in outputs)
+    expected = sum(sum(o.expected_accept_lens) + len(o.expected_accept_lens) for o in outputs)
+    tpots = [t for t in (time_per_output_token(o) for o in outputs) if t is not None]
+    row: dict[str, Any] = {
+        "requests": len(outputs),
+        "output_tokens": sum(len(o.output_ids) for o in outputs),
+        "rounds": rounds,
+        "tau": committed / rounds if rounds else math.nan,
+        "expected_tau": expected / rounds if rounds else math.nan,
+        "tpot_ms": 1e3 * sum(tpots) / len(tpots) if tpots else math.nan,
+        "ttft_ms": 1e3 * sum(o.ttft for o in outputs) / len(outputs),
+        "stage_ms": {s: (1e3 * sum(o.stage_times[s] for o in outputs) / rounds if rounds else math.nan) for s in STAGES},
+    }
+    if ar_outputs is not None:
+        same = [o.output_ids == a.output_ids for o, a in zip(outputs, ar_outputs)]
+        row["match_ar"] = sum(same) / len(same)
+    return row
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    head = ["method", "budget", "T", "tau", "E[tau]", "tpot_ms", "speedup"] + [f"{s}_ms" for s in STAGES] + ["match_ar"]
+    lines = []
+    for r in rows:
+        match = r.get("match_ar")
+        lines.append(
+            [r["method"], "-" if r["budget"] is None else str(r["budget"]), f"{r['temperature']:g}",
+             f"{r['tau']:.2f}", f"{r['expected_tau']:.2f}", f"{r['tpot_ms']:.3f}", f"{r['speedup']:.2f}x"]
+            + [f"{r['stage_ms'][s]:.3f}" for s in STAGES]
+            + ["-" if match is None else f"{match:.2f}"]
+        )
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(head)]
+    out = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
+    out += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines]
+    return "\n".join(out)
+
+
+def _resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from ddtree.engine.engine import DecodingEngine, default_dtype
+    from ddtree.models.pair import load_pair
+
+    budgets = parse_list(args.budgets, int, "--budgets")
+    temperatures = parse_list(args.temperatures, float, "--temperatures")
+    methods = parse_list(args.methods, str, "--methods")
+    unknown = sorted(set(methods) - {"ar", "dflash", "ddtree"})
+    if unknown:
+        raise SystemExit(f"ddtree bench engine: unknown --methods {unknown}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(_resolve_device(args.device))
+    dtype = default_dtype(device) if args.dtype == "auto" else getattr(torch, args.dtype)
+    prompts_path = Path(args.prompts) if args.prompts else Path(args.model) / "prompts" / "heldout.jsonl"
+    prompts = load_prompts(prompts_path, args.num_prompts)
+
+    pair = load_pair(args.model, device=device, dtype=dtype)
+    engine = DecodingEngine(pair, method="ddtree", budget=budgets[0], device=device, dtype=dtype)
+    room = engine.max_context - args.max_new_tokens
+    keep = max(1, min(args.max_prompt_tokens, room))
+    token_ids = [pair.tokenizer.encode(p["text"])[-keep:] for p in prompts]
+    configs = configurations(methods, budgets)
+
+    # Warm-up: every configuration once (allocator, kernels, CUDA graphs of the tree builder).
+    for method, budget in configs:
+        engine.generate(GenerationRequest(input_ids=token_ids[0], max_new_tokens=min(16, args.max_new_tokens)),
+                        method=method, budget=budget)
+
+    results: dict[tuple[float, str, int | None], list[GenerationOutput]] = {}
+    records: list[dict[str, Any]] = []
+    total = len(temperatures) * len(token_ids) * len(configs)
+    bar = tqdm(total=total, desc="bench engine", disable=args.no_progress)
+    t_start = time.perf_counter()
+    for temperature in temperatures:
+        for index, ids in enumerate(token_ids):
+            for method, budget in configs:
+                request = GenerationRequest(input_ids=ids, max_new_tokens=args.max_new_tokens,
+                                            temperature=temperature, seed=args.seed + index)
+                out = engine.generate(request, method=method, budget=budget)
+                results.setdefault((temperature, method, budget), []).append(out)
+                records.append({
+                    "prompt_id": prompts[index].get("id", str(index)), "method": method, "budget": out.budget,
+                    "temperature": temperature, "prompt_tokens": len(ids), "completion_tokens": len(out.output_ids),
+                    "rounds": out.rounds, "tau": out.tau, "accept_lens": out.accept_lens,
+                    "expected_accept_lens": out.expected_accept_lens, "stage_times": out.stage_times,
+                    "ttft": out.ttft, "decode_time": out.decode_time, "tpot": time_per_output_token(out),
+                    "output_ids": out.output_ids,
+                })
+                bar.update(1)
+    bar.close()
+    wall = time.perf_counter() - t_start
+
+    rows = []
+    for temperature in temperatures:
+        ar = results.get((temperature, "ar", None))
+        for method, budget in configs:
+            outputs = results[(temperature, method, budget)]
+            row = {"method": method, "budget": outputs[0].budget if method != "ar" else None,
+                   "temperature": temperature,
+                   **summarize(outputs, ar if (temperature == 0 and ar is not None) else None)}
+            row["speedup"] = (summarize(ar, None)["tpot_ms"] / row["tpot_ms"]) if ar else math.nan
+            rows.append(row)
+    print(format_table(rows))
+    print(f"{len(token_ids)} prompts x {args.max_new_tokens} new tokens, device {device}, dtype "
+          f"{str(dtype).replace('torch.', '')}, threads {torch.get_num_threads()}, wall {wall:.1f}s")
+    if args.json_out:
+        payload = {
+            "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+            "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "wall_s": wall, "rows": rows, "records": records,
+        }
+        if device.type == "cuda":
+            payload["gpu"] = torch.cuda.get_device_name(device)
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    return 0
