@@ -111,3 +111,7 @@ def test_cli(server: ServerProcess, prompts: Path, tmp_path: Path, capsys) -> No
     assert ddtree_main(argv) == 0
     assert "0 written, 1 skipped" in capsys.readouterr().out
     assert [r["run"] for r in read(out)] == ["cli"]
+    # every request refused (beyond the context): nothing was measured, the command fails
+    failing = [*argv[:-2], "--out", str(tmp_path / "bad.jsonl")]
+    failing[failing.index("--max-new-tokens") + 1] = "5000"
+    assert ddtree_main(failing) == 1

@@ -312,6 +312,17 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, TimeoutError, ValueError) as exc:
         log.error("session failed: %s", exc)
         return 1
-    errors = sum(summary.get(p, {}).get("errors", 0) for p in ("acceptance", "throughput"))
-    print(json.dumps({"status": summary["status"], "errors": errors, "summary": plan["out"]["summary"]}))
-    return 0 if errors == 0 else 1
+    requests, errors = request_counts(summary)
+    print(json.dumps({"status": summary["status"], "requests": requests, "errors": errors,
+                      "summary": plan["out"]["summary"]}))
+    # failed requests are recorded (and retried by a rerun); only a run that measured nothing fails
+    return 1 if requests and errors == requests else 0
+
+
+def request_counts(summary: Mapping[str, Any]) -> tuple[int, int]:
+    """(requests, failed requests) over both phases, stored records included."""
+    acc = summary.get("acceptance") or {}
+    levels = (summary.get("throughput") or {}).get("levels", {}).values()
+    requests = int(acc.get("planned", 0)) + sum(int(s["requests"]) for s in levels)
+    errors = int(acc.get("errors", 0)) + sum(int(s["errors"]) for s in levels)
+    return requests, errors
