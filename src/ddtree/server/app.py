@@ -62,6 +62,8 @@ class SerialWorker:
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not None:
             fn, loop, future = job
+            if future.cancelled():  # its request is gone (shutdown): do not decode for nobody
+                continue
             try:
                 result, error = fn(), None
             except BaseException as exc:  # handed to the awaiting request
