@@ -105,7 +105,7 @@ def test_build_plan_matches_contract(tmp_path):
     assert plan["tags"] == {"profile": "cpu", "pair": "embedded-small", "method": "ddtree", "budget": 8}
     assert [v["name"] for v in plan["acceptance"]["variants"]] == ["greedy", "t1"]
     assert plan["throughput"]["variant"]["temperature"] == 0.0
-    assert plan["out"]["summary"] == str(tmp_path / "summary.json")
+    assert plan["out"]["summary"] == str(tmp_path / "records" / "session.json")
     ar = build_plan(CONFIG, "cpu", PROFILE, "embedded-small", "ar", model_dir="m", prompts="p.jsonl",
                     num_prompts=4, out_dir=str(tmp_path), server_log="s.log")
     assert ar["tags"]["budget"] is None and isinstance(ar["server"]["budget"], int)

@@ -99,7 +99,9 @@ def test_killed_benchmark_leaves_no_server_and_rerun_resumes(finished_run: Path)
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
     assert server_processes(wd / "resources") == [], "a server outlived the killed benchmark"
-    assert not (run_dir / "summary.json").exists()
+    assert not (run_dir / "summary.json").exists()  # an interrupted run never looks finished
+    session = json.loads((run_dir / "records" / "session.json").read_text())
+    assert session["status"] in ("interrupted", "failed")
 
     before = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
     assert 3 <= len(before) < 3 + 3 * 12

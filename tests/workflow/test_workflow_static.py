@@ -118,3 +118,21 @@ def test_environment_files_match_pyproject(env_file, editable):
     for name, spec in wanted.items():
         assert name in have, f"{env_file}: {name} from pyproject.toml is missing"
         assert have[name] == spec, f"{env_file}: {name} is {have[name]!r}, pyproject.toml says {spec!r}"
+
+
+def _readme_commands():
+    readme = (REPO / "README.md").read_text()
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)\n```", quick, re.S)
+
+
+def test_readme_has_exactly_two_quick_start_commands_and_ci_runs_the_test_one():
+    commands = _readme_commands()
+    assert len(commands) == 2 and all("\n" not in c for c in commands)
+    main, tests = commands
+    assert "snakemake --cores all" in main and "pytest" in tests
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "set -euo pipefail" in ci and "python -m pip install torch==2.13.0" in ci
+    lines = [line for line in ci.splitlines() if line and not line.startswith("#")]
+    assert lines[-1] == tests
+    assert lines.index("python -m pip install torch==2.13.0") < lines.index(tests)

@@ -1,7 +1,7 @@
 # Stage 3: one plan and one `ddtree bench session` per (profile, pair, run). The session starts
 # the profile's server, waits for health, runs acceptance then throughput and always stops the
-# server's process group. Its per-request JSON lines live beside the summary but are NOT
-# declared outputs, so Snakemake never deletes them after a failure: a rerun resumes.
+# server's process group. Its per-request JSON lines (records/) are NOT declared outputs, so
+# Snakemake never deletes them after a failure: a rerun resumes.
 
 
 rule plan:
@@ -30,6 +30,8 @@ rule benchmark:
         selfcheck=selfcheck_file,
     output:
         summary="results/{profile}/{pair}/{run}/summary.json",
+    params:
+        session="results/{profile}/{pair}/{run}/records/session.json",
     log:
         session="results/logs/benchmark/{profile}/{pair}/{run}.log",
     threads: profile_threads
@@ -44,5 +46,7 @@ rule benchmark:
     conda:
         CONDA_ENV
     shell:
-        # exec: the session itself receives Snakemake's termination signal and stops the server.
-        "exec ddtree bench session --plan {input.plan} > {log.session} 2>&1"
+        # The session handles SIGTERM/SIGINT itself (stops the server's process group). Its summary
+        # becomes the output only on success, so an interrupted run never looks finished.
+        "ddtree bench session --plan {input.plan} > {log.session} 2>&1 "
+        "&& cp {params.session} {output.summary}"

@@ -151,11 +151,12 @@ def build_plan(
         },
         "tags": {"profile": profile_name, "pair": pair, "method": method, "budget": budget},
         "out": {
-            # The record files are not Snakemake outputs, so a failed or killed job keeps them
-            # and the session resumes from them; only the summary marks the run finished.
+            # Records and the session's own summary (written however the session ends) are not
+            # Snakemake outputs: a failed or killed job keeps them and the rerun resumes. The
+            # workflow copies the summary to summary.json only when the session succeeded.
             "acceptance": str(out / "records" / "acceptance.jsonl"),
             "throughput": str(out / "records" / "throughput.jsonl"),
-            "summary": str(out / "summary.json"),
+            "summary": str(out / "records" / "session.json"),
         },
     }
 
