@@ -33,10 +33,14 @@ class PairSize:
     drafter_lr: float
     drafter_minutes: float
     drafter_max_steps: int
+    rollout_rows: int  # size of the drafter's pool of target-generated training sequences
     corpus_max_train_bytes: int | None  # None = the whole train split
     tokenizer_max_bytes: int | None
     max_position_embeddings: int = 4096
     rope_theta: float = 10_000.0
+    # "steps": the LR schedule follows step / max_steps only (reproducible; the minutes are a safety cap);
+    # "time": it follows max(step / max_steps, elapsed / budget) (uses the whole wall-clock budget).
+    schedule: str = "time"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,24 +50,26 @@ SIZES: dict[str, PairSize] = {
     "tiny": PairSize(
         name="tiny", vocab_size=512, hidden_size=64, target_layers=2, target_intermediate=192, num_heads=4,
         num_kv_heads=2, head_dim=16, drafter_layers=1, drafter_intermediate=192, block_size=8,
-        target_layer_ids=(0, 1), seq_len=128, target_batch=16, target_lr=3e-3, target_minutes=0.25,
-        target_max_steps=120, drafter_batch=8, drafter_anchors=8, drafter_lr=3e-3, drafter_minutes=0.25,
-        drafter_max_steps=120, corpus_max_train_bytes=600_000, tokenizer_max_bytes=300_000,
-        max_position_embeddings=1024,
+        target_layer_ids=(0, 1), seq_len=128, target_batch=16, target_lr=3e-3, target_minutes=0.75,
+        target_max_steps=150, drafter_batch=8, drafter_anchors=8, drafter_lr=3e-3, drafter_minutes=0.75,
+        drafter_max_steps=500, rollout_rows=1024, corpus_max_train_bytes=600_000, tokenizer_max_bytes=300_000,
+        max_position_embeddings=1024, schedule="steps",
     ),
     "small": PairSize(
         name="small", vocab_size=2048, hidden_size=192, target_layers=4, target_intermediate=512, num_heads=6,
         num_kv_heads=2, head_dim=32, drafter_layers=2, drafter_intermediate=512, block_size=8,
         target_layer_ids=(0, 1, 2, 3), seq_len=192, target_batch=16, target_lr=2e-3, target_minutes=3.0,
         target_max_steps=100_000, drafter_batch=8, drafter_anchors=16, drafter_lr=2e-3, drafter_minutes=2.75,
-        drafter_max_steps=100_000, corpus_max_train_bytes=None, tokenizer_max_bytes=4_000_000,
+        drafter_max_steps=100_000, rollout_rows=4096, corpus_max_train_bytes=None,
+        tokenizer_max_bytes=4_000_000,
     ),
     "large": PairSize(
         name="large", vocab_size=4096, hidden_size=512, target_layers=8, target_intermediate=1536, num_heads=8,
         num_kv_heads=4, head_dim=64, drafter_layers=3, drafter_intermediate=1536, block_size=16,
         target_layer_ids=(1, 3, 5, 7), seq_len=256, target_batch=64, target_lr=1e-3, target_minutes=6.0,
         target_max_steps=100_000, drafter_batch=32, drafter_anchors=16, drafter_lr=1e-3, drafter_minutes=6.0,
-        drafter_max_steps=100_000, corpus_max_train_bytes=None, tokenizer_max_bytes=None,
+        drafter_max_steps=100_000, rollout_rows=32768, corpus_max_train_bytes=None,
+        tokenizer_max_bytes=None,
     ),
 }
 

@@ -66,11 +66,66 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 
 @dataclass
+class ThreadPicker:
+    """Chooses torch's CPU thread count during training from measured step times.
+
+    On a CPU shared with other jobs, two OpenMP threads can be many times SLOWER than one (spinning
+    barriers); on a quiet machine two are faster. Steps 1-4 alternate 1 and `max_threads` threads and
+    the faster is kept; every `reprobe_s` seconds two steps try the other count again, which is kept
+    only if clearly faster. Only active on CPU with `max_threads` > 1.
+    """
+
+    def __init__(self, max_threads: int, reprobe_s: float = 30.0) -> None:
+        self.choices = (1, max_threads)
+        self.current = max_threads
+        self.times: dict[int, list[float]] = {1: [], max_threads: []}
+        self.reprobe_s, self.last_probe = reprobe_s, 0.0
+        self.probe_left = 0
+        self.active = max_threads > 1
+
+    def before_step(self, step: int, elapsed: float) -> None:
+        if not self.active:
+            return
+        if 1 <= step <= 4:
+            self.current = self.choices[step % 2]
+        elif step == 5:
+            self.current = min(self.choices, key=self._mean)
+            self.last_probe = elapsed
+        elif self.probe_left == 0 and elapsed - self.last_probe > self.reprobe_s:
+            self.times[self._other()].clear()
+            self.current, self.probe_left, self.last_probe = self._other(), 2, elapsed
+        torch.set_num_threads(self.current)
+
+    def after_step(self, step: int, seconds: float) -> None:
+        if not self.active or step == 0:
+            return
+        hist = self.times[self.current]
+        hist.append(seconds)
+        del hist[:-5]
+        if self.probe_left > 0:
+            self.probe_left -= 1
+            if self.probe_left == 0:
+                prev = self._other()
+                if self._mean(self.current) < 0.8 * self._mean(prev):
+                    log.info("threads: %d -> %d", prev, self.current)
+                else:
+                    self.current = prev
+
+    def _other(self) -> int:
+        return self.choices[0] if self.current == self.choices[1] else self.choices[1]
+
+    def _mean(self, n: int) -> float:
+        h = self.times[n]
+        return sum(h) / len(h) if h else float("inf")
+
+
+@dataclass
 class LoopResult:
     steps: int
     seconds: float
     final_loss: float  # EMA of the training loss at the end
     stopped_by: str  # "max_steps" | "deadline"
+    threads: int  # CPU threads in use at the end (ThreadPicker's choice)
 
 
 def run_loop(
@@ -84,13 +139,18 @@ def run_loop(
     desc: str,
     progress: bool,
     log_file: Path | None,
+    schedule: str = "time",
+    auto_threads: bool = False,
 ) -> LoopResult:
     """Generic AdamW loop under a wall-clock budget.
 
     The warmup + cosine schedule runs on training progress = max(step / max_steps, elapsed / budget):
     on a shared CPU the step time varies too much to fix a step count in advance, and this way the
-    whole budget is used with the learning rate decayed at the deadline.
+    whole budget is used with the learning rate decayed at the deadline. schedule="steps" uses
+    step / max_steps only (reproducible runs; the budget is then only a safety stop).
     """
+    if schedule not in ("time", "steps"):
+        raise ValueError(f"schedule must be 'time' or 'steps', got {schedule!r}")
     from tqdm.auto import tqdm
 
     opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.05)
@@ -100,20 +160,25 @@ def run_loop(
                unit="step", mininterval=2.0)
     ema = float("nan")
     step, stopped = 0, "max_steps"
+    threads_before = torch.get_num_threads()
+    picker = ThreadPicker(threads_before if auto_threads else 1)
     with (log_file.open("a") if log_file else open(os.devnull, "w")) as lf:
         while step < max_steps:
             elapsed = time.perf_counter() - t0
             if elapsed >= budget_s:
                 stopped = "deadline"
                 break
-            frac = max(step / max_steps, elapsed / budget_s)
+            frac = step / max_steps if schedule == "steps" else max(step / max_steps, elapsed / budget_s)
             lr = lr_at(int(frac * 10_000), 10_000, peak_lr, int(warmup_frac * 10_000))
             for g in opt.param_groups:
                 g["lr"] = lr
+            picker.before_step(step, elapsed)
+            t_step = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             loss = step_fn(step)
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
+            picker.after_step(step, time.perf_counter() - t_step)
             ema = loss if math.isnan(ema) else 0.95 * ema + 0.05 * loss
             step += 1
             bar.update(1)
@@ -126,7 +191,8 @@ def run_loop(
                 log.info("%s step %d loss %.4f (ema %.4f) lr %.2e %.0fs", desc, step, loss, ema, lr,
                          time.perf_counter() - t0)
     bar.close()
-    return LoopResult(step, round(time.perf_counter() - t0, 2), ema, stopped)
+    torch.set_num_threads(threads_before)
+    return LoopResult(step, round(time.perf_counter() - t0, 2), ema, stopped, picker.current)
 
 
 # ---- target ----------------------------------------------------------------------------------------
@@ -149,7 +215,8 @@ def train_target(
 
     res = run_loop(step_fn, [p for p in model.parameters() if p.requires_grad], peak_lr=spec.target_lr,
                    budget_s=budget_s, max_steps=spec.target_max_steps, log_every=10, desc="target",
-                   progress=progress, log_file=log_file)
+                   progress=progress, log_file=log_file, schedule=spec.schedule,
+                   auto_threads=device.type == "cpu")
     model.eval()
     return res
 
@@ -226,33 +293,98 @@ def drafter_batch_loss(
     return loss, acc
 
 
+@torch.no_grad()
+def greedy_extend(target, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
+    """Batched greedy decoding with a KV cache: prompts [B, P] -> [B, P + n_new]."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        out = target(input_ids=prompts, use_cache=True)
+        past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
+        toks = [prompts, nxt]
+        for _ in range(n_new - 1):
+            out = target(input_ids=nxt, past_key_values=past, use_cache=True)
+            past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            toks.append(nxt)
+    return torch.cat(toks, dim=1)
+
+
+@torch.no_grad()
+def rollout_pool(
+    target, stream: torch.Tensor, spec: PairSize, *, gen: torch.Generator, device: torch.device, budget_s: float,
+    max_rows: int, chunk: int = 64,
+) -> torch.Tensor:
+    """Training sequences in the drafter's inference distribution: a real-code prompt (a random window
+    of 1/8 .. 1/2 of seq_len tokens) followed by the target's own greedy continuation up to seq_len.
+    Generated in chunks until max_rows or the time budget: [R, seq_len] int64 (on CPU)."""
+    t0 = time.perf_counter()
+    rows: list[torch.Tensor] = []
+    n = 0
+    while n < max_rows and (n == 0 or time.perf_counter() - t0 < budget_s):
+        P = int(torch.randint(spec.seq_len // 8, spec.seq_len // 2 + 1, (1,), generator=gen))
+        prompts = random_windows(stream, chunk, P, gen).to(device)
+        rows.append(greedy_extend(target, prompts, spec.seq_len - P).cpu())
+        n += chunk
+    pool = torch.cat(rows)[:max_rows]
+    log.info("rollout pool: %d sequences of %d tokens in %.1fs", pool.shape[0], spec.seq_len,
+             time.perf_counter() - t0)
+    return pool
+
+
+LABEL_MODES = ("rollout", "greedy", "data")
+
+
 def train_drafter(
     target, drafter: DFlashDrafter, stream: torch.Tensor, spec: PairSize, *, seed: int, device: torch.device,
-    budget_s: float, label_mode: str = "greedy", gamma: float | None = 4.0, progress: bool = True,
-    log_file: Path | None = None, autocast: bool = False,
-) -> tuple[LoopResult, list[float]]:
-    """Train the drafter against the frozen target. Returns the loop result and the last per-position acc."""
+    budget_s: float, label_mode: str = "rollout", gamma: float | None = 4.0, progress: bool = True,
+    log_file: Path | None = None, autocast: bool = False, rollout_frac: float = 0.3,
+) -> tuple[LoopResult, list[float], dict[str, Any]]:
+    """Train the drafter against the frozen target.
+
+    label_mode: "rollout" = sequences whose continuation the target generated greedily (a pool built
+    with up to `rollout_frac` of the budget), labels = the target's greedy predictions; "greedy" = real
+    code windows, labels = the target's greedy predictions; "data" = real code windows, data labels.
+    Returns the loop result, the last batch's per-position top-1 accuracy and data statistics.
+    """
+    if label_mode not in LABEL_MODES:
+        raise ValueError(f"label_mode must be one of {LABEL_MODES}, got {label_mode!r}")
     for p in target.parameters():
         p.requires_grad_(False)
     target.eval()
-    drafter.train()
     gen = torch.Generator().manual_seed(seed + 2)
     w = position_weights(spec.block_size, gamma, device)
     last_acc: list[float] = []
+    info: dict[str, Any] = {"label_mode": label_mode}
+    t0 = time.perf_counter()
+    pool = None
+    if label_mode == "rollout":
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1 if device.type == "cpu" else threads)  # many tiny ops: one thread is best
+        pool = rollout_pool(target, stream, spec, gen=gen, device=device, budget_s=rollout_frac * budget_s,
+                            max_rows=spec.rollout_rows)
+        torch.set_num_threads(threads)
+        info.update(rollout_rows=int(pool.shape[0]), rollout_s=round(time.perf_counter() - t0, 2))
+    drafter.train()
 
     def step_fn(_: int) -> float:
-        x = random_windows(stream, spec.drafter_batch, spec.seq_len, gen).to(device)
+        if pool is not None:
+            x = pool[torch.randint(0, pool.shape[0], (spec.drafter_batch,), generator=gen)].to(device)
+        else:
+            x = random_windows(stream, spec.drafter_batch, spec.seq_len, gen).to(device)
         anchors = sample_anchors(x.shape[0], spec.drafter_anchors, spec.seq_len, spec.block_size, gen).to(device)
-        loss, acc = drafter_batch_loss(target, drafter, x, anchors, w, label_mode, autocast)
+        loss, acc = drafter_batch_loss(target, drafter, x, anchors, w,
+                                       "data" if label_mode == "data" else "greedy", autocast)
         loss.backward()
         last_acc[:] = [round(float(a), 4) for a in acc]
         return float(loss.detach())
 
     res = run_loop(step_fn, [p for p in drafter.parameters() if p.requires_grad], peak_lr=spec.drafter_lr,
-                   budget_s=budget_s, max_steps=spec.drafter_max_steps, log_every=10, desc="drafter",
-                   progress=progress, log_file=log_file)
+                   budget_s=budget_s - (time.perf_counter() - t0), max_steps=spec.drafter_max_steps,
+                   log_every=10, desc="drafter", progress=progress, log_file=log_file, schedule=spec.schedule,
+                   auto_threads=device.type == "cpu")
     drafter.eval()
-    return res, last_acc
+    return res, last_acc, info
 
 
 # ---- offline acceptance --------------------------------------------------------------------------------
@@ -423,7 +555,7 @@ def _file_sha256(path: Path) -> str:
 def train_pair(
     out_dir: str | Path, size: str = "small", *, seed: int = 0, device: str = "cpu",
     max_minutes: float | None = None, progress: bool = True, evaluate: bool = True,
-    label_mode: str = "greedy", num_prompts: int = 200, eval_prompts: int = 32,
+    label_mode: str = "rollout", num_prompts: int = 200, eval_prompts: int = 32,
 ) -> dict[str, Any]:
     """Build the whole pair directory; returns the manifest (also written to out_dir/manifest.json)."""
     from transformers import Qwen3ForCausalLM
@@ -485,8 +617,9 @@ def train_pair(
     # drafter
     torch.manual_seed(seed + 100)
     drafter = DFlashDrafter(drafter_config(spec, vocab, special["mask_token_id"])).to(dev)
-    d_res, d_acc = train_drafter(target, drafter, train_stream, spec, seed=seed, device=dev, budget_s=d_budget,
-                                 label_mode=label_mode, progress=progress, log_file=log_file, autocast=autocast)
+    d_res, d_acc, d_info = train_drafter(target, drafter, train_stream, spec, seed=seed, device=dev,
+                                         budget_s=d_budget, label_mode=label_mode, progress=progress,
+                                         log_file=log_file, autocast=autocast)
     drafter.save_pretrained(out / "drafter")
     train_s = time.perf_counter() - t_all
 
@@ -507,7 +640,7 @@ def train_pair(
         "training": {
             "prep_s": round(prep_s, 2),
             "target": {**t_res.__dict__, "budget_s": t_budget, "heldout_loss": round(held_loss, 4)},
-            "drafter": {**d_res.__dict__, "budget_s": d_budget, "last_batch_acc_per_pos": d_acc},
+            "drafter": {**d_res.__dict__, **d_info, "budget_s": d_budget, "last_batch_acc_per_pos": d_acc},
             "total_s": round(train_s, 2),
         },
         "metrics": {},
@@ -516,8 +649,13 @@ def train_pair(
         from ddtree.models.pair import load_pair
 
         pair = load_pair(out, device=dev, dtype=torch.float32)
+        threads_before = torch.get_num_threads()
+        torch.set_num_threads(d_res.threads)  # what the drafter phase found fastest
+        t_eval = time.perf_counter()
         manifest["metrics"]["acceptance_t0"] = evaluate_acceptance(
             pair, prompts, num_prompts=eval_prompts, device=dev, progress=progress)
+        manifest["metrics"]["acceptance_t0"]["eval_s"] = round(time.perf_counter() - t_eval, 2)
+        torch.set_num_threads(threads_before)
         log.info("acceptance: %s", manifest["metrics"]["acceptance_t0"])
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

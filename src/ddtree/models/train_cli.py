@@ -17,8 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="cap on the two training phases together (scales both budgets down)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--label-mode", choices=("greedy", "data"), default="greedy",
-                        help="drafter labels: the target's greedy predictions or the data tokens")
+    parser.add_argument("--label-mode", choices=("rollout", "greedy", "data"), default="rollout",
+                        help="drafter data: target-generated rollouts (default), or real code windows "
+                             "labelled with the target's greedy predictions / the data tokens")
     parser.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts for the tau estimate")
     parser.add_argument("--no-eval", action="store_true", help="skip the offline acceptance estimate")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
