@@ -454,7 +454,11 @@ def _triton_lse_usable(device: torch.device) -> bool:
     return _TRITON_OK[index]
 
 
-_TRITON_BEAM_MAX_CANDIDATES = 4096  # one program keeps the candidate keys in registers
+# The kernel unrolls its depth loop around an in-register bitonic top-k over the candidate keys. It was
+# checked and timed on an H200 for widths <= 64 (<= 512 padded candidates); at width 128 / 256 its compile
+# time (14 unrolled bitonic sorts of 1024 / 2048 int64 keys) ran past a 7-minute benchmark limit, so wider
+# beams use the torch beam (inside the same CUDA graph). See benchmarks/NOTES-core.md.
+_TRITON_BEAM_MAX_WIDTH = 64
 _TRITON_BEAM_STATE: dict[tuple, bool] = {}  # (device, D, k, width) -> checked against the torch beam
 
 
@@ -468,7 +472,7 @@ def _beam_triton_checked(
     """
     if os.environ.get("DDTREE_NO_TRITON_BEAM", "") in ("1", "true", "yes"):
         return None
-    if js.numel() > _TRITON_BEAM_MAX_CANDIDATES or not _triton_lse_usable(logq.device):
+    if w > _TRITON_BEAM_MAX_WIDTH or not _triton_lse_usable(logq.device):
         return None
     b, d, k = logq.shape
     key = (logq.device.index, d, k, w)

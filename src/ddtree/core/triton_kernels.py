@@ -151,7 +151,11 @@ def _beam_kernel(
 def beam_search(
     logq: torch.Tensor, ids: torch.Tensor, js: torch.Tensor, rs: torch.Tensor, width: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton twin of build._beam_torch: logq/ids [B, D, K] -> beam logw/token/parent [B, D, W]."""
+    """Triton twin of build._beam_torch: logq/ids [B, D, K] -> beam logw/token/parent [B, D, W].
+
+    The depth loop is unrolled (static_range): compile time grows with D and the padded candidate count, so
+    build.py only calls this for widths <= 64 (the range checked on an H200).
+    """
     b, d, k = logq.shape
     m = js.numel()
     logq = logq.contiguous()
