@@ -289,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print(f"ddtree bench core: {setup['device_name']}, torch {setup['torch']}, logits {dtype_name}, "
-          f"V={args.vocab}, D={args.depth}, triton lse: {setup['triton_lse']}, median of {repeats} (warmup {warmup}), verify: {setup['verify']}")
+          f"V={args.vocab}, D={args.depth}, triton lse: {setup['triton_lse']}, median of {repeats} "
+          f"(warmup {warmup}), verify: {setup['verify']}")
     print(format_table(rows), flush=True)
     result = {"setup": setup, "rows": rows}
     if args.breakdown is not None:

@@ -530,7 +530,8 @@ def build_tree(draft_logits: torch.Tensor, budget: int, *, method: str = "auto")
     Raises ValueError naming the argument for bad rank, empty D or V, non-finite logits, a budget that is
     not an int >= 1, or an unknown method.
     """
-    logits, budget = _validate(draft_logits, budget, method, check_finite=False)  # finiteness: checked in the vocab step
+    # finiteness is checked from the vocabulary step's row statistics (no extra pass over the logits)
+    logits, budget = _validate(draft_logits, budget, method, check_finite=False)
     if method == "auto":
         b, d, v = logits.shape
         method = choose_method(b, d, v, budget, logits.device)
