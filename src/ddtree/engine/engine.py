@@ -100,6 +100,8 @@ class DecodingEngine:
             self.block_size = int(self.drafter.config.block_size)
             self.mask_token_id = int(self.drafter.config.mask_token_id)
             self._block_offsets = torch.arange(self.block_size, device=self.device)  # [b]
+            # hidden_states index of target layer l is l + 1 (index 0 = embeddings)
+            self._feature_layers = sorted({int(i) + 1 for i in self.drafter.config.target_layer_ids})
         else:
             self.block_size, self.mask_token_id = 1, -1
 
@@ -296,12 +298,11 @@ class DecodingEngine:
             contiguous = nodes == list(range(kept))
             rows = None if contiguous else done.accepted_nodes[0, :kept]  # [K]
             keep_rows(cache, committed, rows, kept)
-            features = self.drafter.extract_context(out.hidden_states)  # [1, N, H]
-            pending_ctx = features[:, :kept] if contiguous else features.index_select(1, rows)  # [1, K, H]
+            pending_ctx = self.drafter.extract_context(self._accepted_hidden(out.hidden_states, kept, rows))  # [1, K, H]
             pending_pos = (self._block_offsets[:kept] + committed).unsqueeze(0)  # [1, K]
             bonus = done.emitted_tokens[0, kept - 1]
             committed += kept
-            del out, logits, features
+            del out, logits
             accept_lens.append(kept - 1)
             expected_dev.append(result.expected_accept_len.reshape(1))
             append_tokens(state, emitted, **stop_kwargs)
@@ -312,6 +313,14 @@ class DecodingEngine:
         return self._finish(
             state, clock, t0, t_first, len(accept_lens), accept_lens, expected, method, recorded_budget
         )
+
+    def _accepted_hidden(self, hidden_states, kept: int, rows: torch.Tensor | None) -> list:
+        """The hidden-states tuple restricted to the accepted rows, only for the layers the drafter reads."""
+        picked: list = [None] * len(hidden_states)
+        for layer in self._feature_layers:
+            h = hidden_states[layer]  # [1, N, H]
+            picked[layer] = h[:, :kept] if rows is None else h.index_select(1, rows)  # [1, K, H]
+        return picked
 
     def _compile(
         self, tree: DDTreeBuildResult, bonus: torch.Tensor, committed: int
