@@ -12,7 +12,6 @@ import asyncio
 import json
 import logging
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from ddtree.bench.http_client import (
     post_generate,
     run_bounded,
     sampling_params,
+    setup_logging,
 )
 from ddtree.bench.records import RecordWriter
 
@@ -211,7 +211,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging()
     variants = parse_json_arg(args.variants, "variants")
     if not isinstance(variants, list):
         raise SystemExit("ddtree bench acceptance: --variants must be a JSON list")

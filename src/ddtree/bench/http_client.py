@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +32,12 @@ class Prompt:
     id: str
     dataset: str
     text: str
+
+
+def setup_logging() -> None:
+    """Client logs to stderr; httpx's per-request INFO lines would drown the progress bars."""
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def load_prompts(path: str | Path, num: int | None = None) -> list[Prompt]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree.bench.acceptance import run_acceptance
-from ddtree.bench.http_client import get_json, wait_for_health
+from ddtree.bench.http_client import get_json, setup_logging, wait_for_health
 from ddtree.bench.throughput import run_throughput
 from ddtree.engine.types import METHODS
 
@@ -299,7 +299,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging()
     try:
         plan = load_plan(args.plan)
     except (OSError, ValueError) as exc:

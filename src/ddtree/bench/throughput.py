@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import logging
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from ddtree.bench.http_client import (
     post_generate,
     run_bounded,
     sampling_params,
+    setup_logging,
 )
 from ddtree.bench.records import RecordWriter
 
@@ -172,7 +172,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging()
     try:
         result = run_throughput(
             args.url, args.prompts, concurrency=args.concurrency, num_requests=args.num_requests,
