@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddtree.bench.acceptance import format_summary as format_acceptance
 from ddtree.bench.acceptance import run_acceptance
 from ddtree.bench.http_client import get_json, setup_logging, wait_for_health
+from ddtree.bench.throughput import format_summary as format_throughput
 from ddtree.bench.throughput import run_throughput
 from ddtree.engine.types import METHODS
 
@@ -312,6 +314,10 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, TimeoutError, ValueError) as exc:
         log.error("session failed: %s", exc)
         return 1
+    if summary.get("acceptance"):
+        print(format_acceptance(summary["acceptance"]), file=sys.stderr)
+    if summary.get("throughput"):
+        print(format_throughput(summary["throughput"]), file=sys.stderr)
     requests, errors = request_counts(summary)
     print(json.dumps({"status": summary["status"], "requests": requests, "errors": errors,
                       "summary": plan["out"]["summary"]}))
