@@ -7,7 +7,7 @@ the sequences under a kept prefix that are in no finer cell form that prefix's r
 method's sample of RUNS seeded generations is compared with the law by a chi-square goodness-of-fit
 test at significance level ALPHA = 1e-3 (per test).
 
-Tokens 2-3 come from one or two verify rounds (tree depth capped at 2), so the tree walk, the bonus
+Tokens 2-3 come from the first verify round(s), so the tree walk, the bonus
 draw and the commit of accepted nodes are on the tested path. The tiny pair's target is nearly flat
 at T = 1 over its vocabulary, so the variants use a lower temperature or top-k / top-p to put most
 of the mass on cells that resolve tokens 2 and 3.

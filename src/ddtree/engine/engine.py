@@ -260,15 +260,11 @@ class DecodingEngine:
         accept_lens: list[int] = []
         expected_dev: list[torch.Tensor] = []
         while state.finish_reason is None:
-            remaining = request.max_new_tokens - len(state.output_ids)
-            # Nodes deeper than the tokens still allowed can never be emitted: draft no deeper.
-            depth = max(1, min(depth_max, remaining - 1))
-
             # 1. draft
             block_ids[:, 0] = bonus
             block_pos = (self._block_offsets + committed).unsqueeze(0)  # [1, b]
             hidden = self.drafter(self._embed(block_ids), block_pos, pending_ctx, pending_pos, drafter_cache)
-            draft_logits = self._lm_head(hidden[:, 1 : 1 + depth])  # [1, D, V]
+            draft_logits = self._lm_head(hidden[:, 1:])  # [1, D, V]
             clock.lap("draft")
 
             # 2. tree_build
@@ -283,9 +279,9 @@ class DecodingEngine:
             out = self._forward(tokens, tree_pos, cache, attention_mask=mask4, hidden=True)
             logits = out.logits  # [1, N, V]
             if greedy:
-                result = verify_greedy(tree, logits, max_depth=depth)
+                result = verify_greedy(tree, logits, max_depth=depth_max)
             else:
-                result = verify_sampling(tree, logits, params, generator=generator, max_depth=depth)
+                result = verify_sampling(tree, logits, params, generator=generator, max_depth=depth_max)
             clock.lap("verify")
 
             # 5. commit
