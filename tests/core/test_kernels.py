@@ -24,12 +24,14 @@ from ddtree.core.kernels import (
 )
 from ddtree.core.retrieve import encode_retrieve
 from ddtree.core.sampling import SamplingParams, process_logits
-from ddtree.core.verify import verify_sampling
+from ddtree.core.verify import verify_greedy, verify_sampling
 
 try:
-    from tests.core.trees import Node, batch_trees, children_of, naive_encode_retrieve, random_tree
+    from tests.core.test_verify import ROWS, _random_case, assert_lossless
+    from tests.core.trees import Node, batch_trees, children_of, naive_encode_retrieve, random_tree, repeat_tree
 except ImportError:
-    from trees import Node, batch_trees, children_of, naive_encode_retrieve, random_tree
+    from test_verify import ROWS, _random_case, assert_lossless
+    from trees import Node, batch_trees, children_of, naive_encode_retrieve, random_tree, repeat_tree
 
 
 def naive_kernel_row(nodes, probs: np.ndarray, coins: np.ndarray, final_coin: float, steps: int):
@@ -173,3 +175,73 @@ def test_real_kernel_agrees_with_reference():
     assert same.float().mean().item() >= 0.99  # float-sum order may flip rare boundary coins
     result = verify_sampling(tree_cuda, logits.cuda(), SamplingParams(1.0), backend="sglang", max_depth=4)
     assert result.accepted_nodes.shape == (256, 5)
+
+
+# ---------------------------------------------------------------- fused Triton sampler
+# Runs on CUDA with triton, or on CPU with triton under TRITON_INTERPRET=1 (slow: about 25 s per
+# 20,000-row lossless case). Lossless statistics as in test_verify: chi-square and z-test at alpha 1e-3.
+
+FUSED_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _fused_usable() -> bool:
+    from ddtree.core.kernels import triton_sampler_usable
+
+    return triton_sampler_usable(FUSED_DEVICE)
+
+
+fused = pytest.mark.skipif(not _fused_usable(), reason="fused Triton sampler not usable here (no triton / CUDA)")
+
+
+def _to(tree, device):
+    return type(tree)(*(getattr(tree, f).to(device) for f in
+                        ("token_ids", "parents", "depths", "node_logws", "num_nodes")))
+
+
+@fused
+@pytest.mark.parametrize("temperature", [0.5, 1.0])
+def test_fused_sampler_is_lossless(temperature):
+    nodes, row_logits = _random_case(seed=11)
+    tree = repeat_tree(nodes, ROWS)
+    logits = row_logits.expand(ROWS, -1, -1).contiguous()
+    gen = torch.Generator(device=FUSED_DEVICE).manual_seed(5)
+    result = verify_sampling(_to(tree, FUSED_DEVICE), logits.to(FUSED_DEVICE), SamplingParams(temperature), gen,
+                             max_depth=4, backend="triton")
+    result = type(result)(*(getattr(result, f).cpu() for f in
+                            ("accept_len", "accepted_nodes", "bonus_token", "expected_accept_len")))
+    assert_lossless(nodes, tree, row_logits, (temperature, -1, 1.0), result, 4)
+
+
+@fused
+def test_fused_sampler_greedy_rows_and_expectation_match_torch():
+    trees, tree, logits = _case(8, batch=64)
+    tree, logits = _to(tree, FUSED_DEVICE), logits.to(FUSED_DEVICE)
+    temperature = torch.where(torch.arange(64, device=FUSED_DEVICE) % 2 == 0, 0.0, 0.9)
+    params = SamplingParams(temperature)
+    fused_result = verify_sampling(tree, logits, params, max_depth=4, backend="triton")
+    torch_result = verify_sampling(tree, logits, params, max_depth=4, backend="torch")
+    greedy = verify_greedy(tree, logits, max_depth=4)
+    even = torch.arange(0, 64, 2, device=FUSED_DEVICE)
+    assert torch.equal(fused_result.accepted_nodes[even], greedy.accepted_nodes[even])
+    assert torch.equal(fused_result.bonus_token[even], greedy.bonus_token[even])
+    torch.testing.assert_close(fused_result.expected_accept_len, torch_result.expected_accept_len,
+                               rtol=1e-4, atol=1e-5)
+
+
+@fused
+def test_fused_sampler_refuses_top_k_and_top_p():
+    _, tree, logits = _case(9, batch=2)
+    with pytest.raises(ValueError, match="backend='triton'"):
+        verify_sampling(_to(tree, FUSED_DEVICE), logits.to(FUSED_DEVICE), SamplingParams(1.0, 5, 1.0),
+                        backend="triton")
+    with pytest.raises(ValueError, match="backend='triton'"):
+        verify_sampling(_to(tree, FUSED_DEVICE), logits.to(FUSED_DEVICE), SamplingParams(1.0, -1, 0.9),
+                        backend="triton")
+
+
+def test_triton_backend_unusable_raises_on_plain_cpu():
+    if _fused_usable():
+        pytest.skip("the fused sampler is usable here")
+    _, tree, logits = _case(9, batch=2)
+    with pytest.raises(ValueError, match="backend='triton'"):
+        verify_sampling(tree, logits, SamplingParams(1.0), backend="triton")

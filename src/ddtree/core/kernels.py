@@ -233,3 +233,132 @@ def verify_with_kernel(
     return kernel_outputs_to_verify_result(
         tree, args["accept_index"], args["accept_token_num"], args["predicts"], expected
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Fused Triton sampler: one read of the logits, no [B, N, V] float buffer at all.
+# --------------------------------------------------------------------------------------------------
+# For temperature-only sampling (no top-k / top-p) one pass over each row's logits, in their own dtype,
+# yields both what the walk needs and what the expectation needs:
+#   - the pick: Gumbel-max, argmax_v (x_v / T + G_v) with G_v = -log(-log(U_v)), U_v from Philox keyed
+#     by a seed drawn from the caller's generator (on the device: no host sync). It is an exact sample
+#     of softmax(x / T) up to the fp32 uniform's resolution (tokens with probability below ~1e-7
+#     relative to the top token are slightly under-drawn, as with any fp32 sampler);
+#   - the row's logsumexp of x / T, from which p(child) = exp(x_child / T - lse(parent row)).
+# Greedy rows (T = 0) take the plain argmax (first maximum on ties, as torch.argmax).
+# Used on CUDA, or on CPU under TRITON_INTERPRET=1 (tests).
+
+FUSED_MIN_TEMPERATURE = 0.05  # below this x / T grows large enough that fp32 rounding of x / T matters
+
+
+@functools.lru_cache(maxsize=1)
+def _gumbel_rows_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gumbel_rows(x_ptr, inv_t_ptr, noisy_ptr, seed_ptr, token_ptr, lse_ptr, V, total_rows, rows_per_request,
+                    ROWS: tl.constexpr, BLOCK: tl.constexpr):
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R] rows of this program
+        row_ok = rows < total_rows
+        request = rows // rows_per_request
+        inv_t = tl.load(inv_t_ptr + request, mask=row_ok, other=1.0)  # [R]
+        noisy = tl.load(noisy_ptr + request, mask=row_ok, other=0) != 0  # [R]
+        seeds = tl.load(seed_ptr) + rows  # [R], one Philox key per row
+        base = rows.to(tl.int64) * V  # [R]
+        offs = tl.arange(0, BLOCK)
+        run_max = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)  # every lane holds its row's running max
+        acc = tl.zeros([ROWS, BLOCK], tl.float32)  # per-lane sum of exp(s - run_max)
+        best = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)  # per-lane best score and its index
+        best_idx = tl.zeros([ROWS, BLOCK], tl.int32)
+        for start in range(0, V, BLOCK):
+            idx = start + offs  # [BLOCK]
+            msk = row_ok[:, None] & (idx < V)[None, :]  # [R, BLOCK]
+            x = tl.load(x_ptr + base[:, None] + idx[None, :], mask=msk, other=0.0).to(tl.float32)
+            # padding lanes -inf; padding rows 0 (keeps their dead arithmetic free of inf - inf)
+            s = tl.where(msk, x * inv_t[:, None], tl.where(row_ok[:, None], float("-inf"), 0.0))
+            new_max = tl.maximum(run_max, tl.max(s, 1)[:, None])
+            acc = acc * tl.exp(run_max - new_max) + tl.exp(s - new_max)
+            run_max = new_max
+            u = tl.rand(seeds[:, None], idx[None, :])
+            score = tl.where(noisy[:, None], s - tl.log(-tl.log(u)), s)
+            score = tl.where(msk, score, float("-inf"))
+            better = score > best  # strict: a lane keeps its first maximum
+            best = tl.where(better, score, best)
+            best_idx = tl.where(better, idx[None, :], best_idx)
+        lse = tl.max(run_max, 1) + tl.log(tl.sum(acc, 1))  # [R]
+        top = tl.max(best, 1)
+        token = tl.min(tl.where(best == top[:, None], best_idx, V), 1)  # first index among the lanes' maxima
+        tl.store(token_ptr + rows, token, mask=row_ok)
+        tl.store(lse_ptr + rows, lse, mask=row_ok)
+
+    return gumbel_rows
+
+
+def triton_sampler_importable() -> bool:
+    try:
+        _gumbel_rows_kernel()
+    except Exception:  # noqa: BLE001 - triton missing or broken
+        return False
+    return True
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def gumbel_sample_rows(
+    logits: torch.Tensor,
+    inv_temperature: torch.Tensor,
+    noisy: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pick per row of logits [B, N, V] and the row logsumexp of logits * inv_temperature.
+
+    inv_temperature [B] fp32 (1 for greedy rows); noisy [B] bool (False = greedy row: plain argmax).
+    Returns (tokens [B, N] int64, lse [B, N] fp32).
+    """
+    batch, cols, vocab = logits.shape
+    kernel = _gumbel_rows_kernel()
+    x = logits.contiguous()
+    rows = batch * cols
+    tokens = torch.empty(rows, dtype=torch.int32, device=logits.device)
+    lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    seed = torch.randint(0, 2**30, (1,), generator=generator, device=logits.device, dtype=torch.int32)
+    block = min(2048, 1 << max(vocab - 1, 1).bit_length())
+    # Small vocabularies (tests, the interpreter) pack several rows per program.
+    rows_per_program = max(1, min(256, 2048 // block))
+    grid = (triton_cdiv(rows, rows_per_program),)
+    kernel[grid](
+        x, inv_temperature.to(torch.float32).contiguous(), noisy.to(torch.int8).contiguous(), seed,
+        tokens, lse, vocab, rows, cols, ROWS=rows_per_program, BLOCK=block, num_warps=8 if block >= 1024 else 4,
+    )
+    return tokens.view(batch, cols).to(torch.int64), lse.view(batch, cols)
+
+
+@functools.lru_cache(maxsize=8)
+def triton_sampler_usable(device: torch.device) -> bool:
+    """Importable, on CUDA (or interpreted), and passing a small probe against torch on this device."""
+    if device.type != "cuda" and not _interpreting():
+        return False
+    if not triton_sampler_importable():
+        return False
+    try:
+        gen = torch.Generator(device=device).manual_seed(0)
+        logits = torch.randn((3, 5, 3000), generator=gen, device=device) * 4
+        inv_t = torch.tensor([1.0, 1.0 / 0.7, 1.0], device=device)
+        noisy = torch.tensor([False, True, True], device=device)
+        tokens, lse = gumbel_sample_rows(logits, inv_t, noisy, gen)
+        want_lse = torch.logsumexp(logits * inv_t.view(3, 1, 1), dim=-1)
+        ok = torch.allclose(lse, want_lse, rtol=1e-5, atol=1e-4)
+        ok = ok and torch.equal(tokens[0], logits[0].argmax(-1))
+        ok = ok and bool(((tokens >= 0) & (tokens < 3000)).all())
+        return bool(ok)
+    except Exception:  # noqa: BLE001 - a failing probe means "use the torch path"
+        return False

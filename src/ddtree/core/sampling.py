@@ -65,6 +65,7 @@ class SamplingParams:
     any_greedy: bool = field(init=False, repr=False)
     max_top_k: int = field(init=False, repr=False)  # 0 when no row uses top-k
     uses_top_p: bool = field(init=False, repr=False)
+    min_positive_temperature: float = field(init=False, repr=False)  # inf when every row is greedy
 
     def __post_init__(self) -> None:
         sizes = {}
@@ -108,6 +109,12 @@ class SamplingParams:
         object.__setattr__(self, "any_greedy", any_greedy)
         object.__setattr__(self, "max_top_k", max(max_top_k, 0))
         object.__setattr__(self, "uses_top_p", uses_top_p)
+        if isinstance(t, torch.Tensor):
+            positive = t[t > 0]
+            min_positive = float(positive.min()) if positive.numel() else math.inf
+        else:
+            min_positive = float(t) if float(t) > 0 else math.inf
+        object.__setattr__(self, "min_positive_temperature", min_positive)
 
     @property
     def batch_size(self) -> int | None:

@@ -8,10 +8,12 @@ Checks (each recorded as {"name", "ok", "detail", "seconds"}):
 - verify_sampling_lossless[torch|reference]: a quick chi-square (alpha = 1e-3, cells with expected
   count < 5 merged) of the emitted sequence against the exact target law;
 - temperature_zero_equals_greedy;
+- verify_sampling_lossless[triton] (where the fused Triton sampler is usable): the same, T = 0.9;
 - sglang_kernel_matches_reference (only where SGLang's kernel is importable on CUDA): identical
   outcomes on the same coins for at least 99% of rows.
 The JSON record: {"ok", "device", "torch_version", "cuda": {"available", "version", "device_name"},
-"sglang_kernel": "available"|"unavailable", "python", "created_utc", "checks": [...]}.
+"sglang_kernel": "available"|"unavailable", "triton_sampler": "available"|"unavailable" (the fused
+sampler, probed on the device), "python", "created_utc", "checks": [...]}.
 Exit status 1 when any check fails.
 """
 
@@ -238,7 +240,8 @@ def check_greedy(device: torch.device, seed: int) -> str:
     return f"32 requests, {total} accepted nodes"
 
 
-def check_lossless(device: torch.device, seed: int, rows: int, backend: str) -> str:
+def check_lossless(device: torch.device, seed: int, rows: int, backend: str,
+                   params_row: tuple[float, int, float] = (0.9, 5, 0.95)) -> str:
     from ddtree.core.sampling import SamplingParams, process_logits
     from ddtree.core.verify import commit, verify_sampling
 
@@ -248,7 +251,7 @@ def check_lossless(device: torch.device, seed: int, rows: int, backend: str) -> 
     row_logits = torch.randn(cols, vocab, generator=torch.Generator().manual_seed(seed + 3))
     for node in nodes[1:]:
         row_logits[node[0], node[1]] += 1.5
-    params = SamplingParams(0.9, 5, 0.95)
+    params = SamplingParams(*params_row)
     one = _stack([nodes], cols, device)
     tree = DDTreeBuildResult(*(getattr(one, f).expand(rows, *getattr(one, f).shape[1:]).contiguous()
                                for f in ("token_ids", "parents", "depths", "node_logws", "num_nodes")))
@@ -308,6 +311,15 @@ def check_sglang_kernel(device: torch.device, seed: int) -> str:
     return f"agreement {rate:.4f} on 64 rows, mean accept {real.accept_len.float().mean().item():.3f}"
 
 
+def _triton_sampler_ok(device: torch.device) -> bool:
+    from ddtree.core.kernels import triton_sampler_usable
+
+    try:
+        return triton_sampler_usable(device)
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def _run_check(name: str, fn: Callable[[], str], device: torch.device) -> dict:
     start = time.perf_counter()
     try:
@@ -336,6 +348,7 @@ def run_checks(device_name: str, seed: int = 0, rows: int = 6000) -> dict:
         "torch_version": torch.__version__,
         "cuda": cuda,
         "sglang_kernel": "available" if load_sglang_kernel() is not None else "unavailable",
+        "triton_sampler": "unavailable",
         "python": platform.python_version(),
         "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "checks": [],
@@ -351,6 +364,7 @@ def run_checks(device_name: str, seed: int = 0, rows: int = 6000) -> dict:
         record["checks"].append({"name": "device", "ok": False, "detail": str(exc), "seconds": 0.0})
         return record
 
+    record["triton_sampler"] = "available" if _triton_sampler_ok(device) else "unavailable"
     checks: list[tuple[str, Callable[[], str]]] = [
         ("build_heap_equals_batched", lambda: check_build(device, seed)),
         ("retrieve_walk", lambda: check_retrieve(device, seed)),
@@ -359,6 +373,9 @@ def run_checks(device_name: str, seed: int = 0, rows: int = 6000) -> dict:
         ("verify_sampling_lossless[reference]", lambda: check_lossless(device, seed, rows, "reference")),
         ("temperature_zero_equals_greedy", lambda: check_temperature_zero(device, seed)),
     ]
+    if record["triton_sampler"] == "available":
+        checks.append(("verify_sampling_lossless[triton]",
+                       lambda: check_lossless(device, seed, rows, "triton", (0.9, -1, 1.0))))
     if device.type == "cuda" and record["sglang_kernel"] == "available":
         checks.append(("sglang_kernel_matches_reference", lambda: check_sglang_kernel(device, seed)))
         checks.append(("verify_sampling_lossless[sglang]", lambda: check_lossless(device, seed, rows, "sglang")))

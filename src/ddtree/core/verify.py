@@ -24,7 +24,7 @@ from ddtree.core.checks import check_all_finite, check_dim, check_same_device, c
 from ddtree.core.sampling import SamplingParams, process_logits_unchecked, processed_weights
 from ddtree.core.types import CommitResult, DDTreeBuildResult, VerifyResult
 
-BACKENDS = ("auto", "torch", "sglang", "reference")
+BACKENDS = ("auto", "torch", "triton", "sglang", "reference")
 
 
 def _check_tree(tree: object) -> DDTreeBuildResult:
@@ -144,17 +144,43 @@ def _sglang_kernel_usable(device: torch.device) -> bool:
     return load_sglang_kernel() is not None
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """'auto' -> 'sglang' when the SGLang kernel imports and the tensors are on CUDA, else 'torch'."""
+def _fused_eligible(params: SamplingParams) -> bool:
+    """The fused sampler covers temperature-only rows with T >= FUSED_MIN_TEMPERATURE (or greedy)."""
+    from ddtree.core.kernels import FUSED_MIN_TEMPERATURE
+
+    return params.max_top_k == 0 and not params.uses_top_p and params.min_positive_temperature >= FUSED_MIN_TEMPERATURE
+
+
+def _triton_usable(device: torch.device) -> bool:
+    from ddtree.core.kernels import triton_sampler_usable
+
+    return triton_sampler_usable(device)
+
+
+def resolve_backend(backend: str, device: torch.device, params: SamplingParams | None = None) -> str:
+    """'auto' -> 'sglang' when the SGLang kernel imports and the tensors are on CUDA; else 'triton' when
+    the fused sampler is usable on the device and covers `params`; else 'torch'."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "sglang" if _sglang_kernel_usable(device) else "torch"
+        if _sglang_kernel_usable(device):
+            return "sglang"
+        if device.type == "cuda" and params is not None and _fused_eligible(params) and _triton_usable(device):
+            return "triton"
+        return "torch"
     if backend == "sglang" and not _sglang_kernel_usable(device):
         raise ValueError(
             "backend='sglang' needs CUDA tensors and an importable "
             "sglang.kernels.ops.speculative.verify_sampling.tree_speculative_sampling_target_only"
         )
+    if backend == "triton":
+        if params is not None and not _fused_eligible(params):
+            raise ValueError(
+                "backend='triton' covers temperature-only sampling (top_k <= 0, top_p == 1, temperature 0 or "
+                ">= 0.05); use backend='torch' for these params"
+            )
+        if not _triton_usable(device):
+            raise ValueError("backend='triton' needs triton and CUDA tensors (or TRITON_INTERPRET=1)")
     return backend
 
 
@@ -169,15 +195,17 @@ def verify_sampling(
 ) -> VerifyResult:
     """Lossless sampling verify (sample-and-walk); temperature-0 rows behave exactly as `verify_greedy`.
 
-    backend: "torch" (vectorised reference, everywhere), "sglang" (SGLang's
+    backend: "torch" (vectorised reference, everywhere), "triton" (fused one-read sampler for
+    temperature-only params, CUDA; no [B, N, V] float buffer), "sglang" (SGLang's
     tree_speculative_sampling_target_only on CUDA, zero draft probs, thresholds 1), "reference"
-    (the pure-torch reference of that kernel, through the same adapter), "auto" (sglang when usable).
+    (the pure-torch reference of that kernel, through the same adapter), "auto" (sglang when usable,
+    else triton when usable and the params are temperature-only, else torch).
     """
     check_verify_inputs(tree, target_logits)
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
     depth = resolve_max_depth(tree, max_depth)
-    backend = resolve_backend(backend, target_logits.device)
+    backend = resolve_backend(backend, target_logits.device, params)
     if params.all_greedy:
         params.broadcast(tree.batch_size, target_logits.device)  # same argument checks as the sampled path
         return verify_greedy(tree, target_logits, max_depth=depth)
@@ -196,10 +224,38 @@ def verify_sampling(
             tree, encode_retrieve(tree), probs, kernel=kernel, generator=generator, max_depth=depth
         )
 
+    if backend == "triton":
+        return _verify_fused(tree, target_logits, params, generator, depth)
+
     weights, totals = processed_weights(target_logits, params)  # [B, N, V] the one fp32 buffer, [B, N, 1]
     edge_p = edge_probs(tree, weights, totals)  # [B, N], read before the buffer is consumed
     picks = sample_from_probs_(weights, generator)  # [B, N]
     return walk(tree, picks, edge_p, depth)
+
+
+def _verify_fused(
+    tree: DDTreeBuildResult,
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    depth: int,
+) -> VerifyResult:
+    """Temperature-only sample-and-walk with the fused Triton sampler: no [B, N, V] float buffer."""
+    from ddtree.core.kernels import gumbel_sample_rows
+
+    batch, cols, vocab = target_logits.shape
+    temperature, _, _ = params.broadcast(batch, target_logits.device)
+    greedy = temperature == 0  # [B]
+    inv_t = torch.where(greedy, torch.ones_like(temperature), temperature).reciprocal_()  # [B]
+    picks, lse = gumbel_sample_rows(target_logits, inv_t, ~greedy, generator)  # [B, N] each
+    real = tree.parents >= 0
+    parent = tree.parents.clamp_min(0)
+    flat = parent * vocab + tree.token_ids.clamp_min(0)  # [B, N]
+    x_edge = target_logits.reshape(batch, cols * vocab).gather(1, flat).float()  # [B, N]
+    sampled_edge = torch.exp(x_edge * inv_t.unsqueeze(1) - lse.gather(1, parent))
+    greedy_edge = (tree.token_ids == picks.gather(1, parent)).to(torch.float32)
+    edge = torch.where(greedy.unsqueeze(1), greedy_edge, sampled_edge).masked_fill_(~real, 0.0)
+    return walk(tree, picks, edge, depth)
 
 
 def commit(tree: DDTreeBuildResult, verify_result: VerifyResult) -> CommitResult:
