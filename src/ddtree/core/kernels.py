@@ -240,10 +240,9 @@ def verify_with_kernel(
 # --------------------------------------------------------------------------------------------------
 # For temperature-only sampling (no top-k / top-p) one pass over each row's logits, in their own dtype,
 # yields both what the walk needs and what the expectation needs:
-#   - the pick: Gumbel-max, argmax_v (x_v / T + G_v) with G_v = -log(-log(U_v)), U_v from Philox keyed
+#   - the pick: Gumbel-max / exponential race, argmax_v (x_v / T - log E_v), E_v ~ Exp(1) from Philox keyed
 #     by a seed drawn from the caller's generator (on the device: no host sync). It is an exact sample
-#     of softmax(x / T) up to the fp32 uniform's resolution (tokens with probability below ~1e-7
-#     relative to the top token are slightly under-drawn, as with any fp32 sampler);
+#     of softmax(x / T) up to the 2^-31 resolution of the uniforms;
 #   - the row's logsumexp of x / T, from which p(child) = exp(x_child / T - lse(parent row)).
 # Greedy rows (T = 0) take the plain argmax (first maximum on ties, as torch.argmax).
 # Used on CUDA, or on CPU under TRITON_INTERPRET=1 (tests).
@@ -280,8 +279,17 @@ def _gumbel_rows_kernel():
             new_max = tl.maximum(run_max, tl.max(s, 1)[:, None])
             acc = acc * tl.exp(run_max - new_max) + tl.exp(s - new_max)
             run_max = new_max
-            u = tl.rand(seeds[:, None], idx[None, :])
-            score = tl.where(noisy[:, None], s - tl.log(-tl.log(u)), s)
+            # Exponential race: pick argmax(p / E), E ~ Exp(1), i.e. argmax(s - log E). E = -log(1 - w) with
+            # w uniform in (0, 1) built from the raw 31-bit integer, so the WINNING tail (E and w near 0)
+            # has the integer's fine resolution and w is never 0 (tl.rand's float can round to 1.0, which
+            # would make a random token win with probability ~V * 3e-8 per row).
+            bits = tl.randint(seeds[:, None], idx[None, :]).to(tl.int32, bitcast=True)
+            bits = tl.where(bits < 0, ~bits, bits)  # uniform on [0, 2^31 - 1]
+            w = (bits.to(tl.float32) + 0.5) * 4.656612873077393e-10  # (0, 1]
+            small = w < 1e-3  # log(-log(1 - w)) = log(w) + w / 2 + 5 w^2 / 24 + O(w^3)
+            w_big = tl.minimum(tl.maximum(w, 1e-3), 0.99999994)  # clamped: no log(0) in the unused branch
+            log_e = tl.where(small, tl.log(w) + w * (0.5 + w * (5.0 / 24.0)), tl.log(-tl.log(1.0 - w_big)))
+            score = tl.where(noisy[:, None], s - log_e, s)
             score = tl.where(msk, score, float("-inf"))
             better = score > best  # strict: a lane keeps its first maximum
             best = tl.where(better, score, best)
