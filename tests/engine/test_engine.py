@@ -98,7 +98,8 @@ def test_seeded_sampling_is_reproducible(tiny_engine, prompts):
     a = tiny_engine.generate(req, method="ddtree")
     b = tiny_engine.generate(req, method="ddtree")
     assert a.output_ids == b.output_ids and len(a.output_ids) == 16
-    assert all(0.0 <= e <= a.rounds * 100 for e in a.expected_accept_lens)
+    # E[accepted drafts] of a round is a sum of path probabilities over at most D levels
+    assert all(0.0 <= e <= tiny_engine.block_size - 1 + 1e-4 for e in a.expected_accept_lens)
 
 
 def test_stop_token_is_excluded(tiny_engine, prompts):

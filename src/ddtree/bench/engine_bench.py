@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from ddtree.engine.engine import DecodingEngine, default_dtype
+    from ddtree.engine.engine import DecodingEngine, _parse_dtype, default_dtype
     from ddtree.models.pair import load_pair
 
     budgets = parse_list(args.budgets, int, "--budgets")
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(_resolve_device(args.device))
-    dtype = default_dtype(device) if args.dtype == "auto" else getattr(torch, args.dtype)
+    dtype = default_dtype(device) if args.dtype == "auto" else _parse_dtype(args.dtype)
     prompts_path = Path(args.prompts) if args.prompts else Path(args.model) / "prompts" / "heldout.jsonl"
     prompts = load_prompts(prompts_path, args.num_prompts)
 
