@@ -22,18 +22,19 @@ TEST_CONFIG = (".test/config.yaml",)
 SERVER_MARK = "ddtree.cli serve"
 
 
-def server_processes(model_dir: Path) -> list[str]:
-    """Command lines of live reference servers serving a model under model_dir."""
+def live_processes(workdir: Path, mark: str = SERVER_MARK) -> list[str]:
+    """Command lines of live processes (default: reference servers) whose cwd is under workdir."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(proc / "cwd")
             state = next(line for line in (proc / "status").read_text().splitlines() if line.startswith("State:"))
         except (OSError, StopIteration):
             continue
-        if SERVER_MARK in cmd and str(model_dir) in cmd and "zombie" not in state:
+        if mark in cmd and cwd.startswith(str(workdir)) and "zombie" not in state:
             found.append(cmd)
     return found
 
@@ -65,7 +66,7 @@ def test_end_to_end_outputs(finished_run: Path):
     env = json.loads((tables / "environment.json").read_text())
     assert env["packages"]["torch"] and env["pairs"]["embedded-tiny"]["manifest_sha256"]
     assert json.loads((wd / "results/cpu/build/selfcheck.json").read_text())["ok"] is True
-    assert server_processes(wd / "resources") == []
+    assert live_processes(wd) == []
     # A second run has nothing to do.
     again = snakemake(wd, "-n", "--cores", "1", "--configfile", *TEST_CONFIG)
     assert "Nothing to be done" in again.stdout + again.stderr
@@ -76,8 +77,10 @@ def test_killed_benchmark_leaves_no_server_and_rerun_resumes(finished_run: Path)
     run_dir = wd / "results" / "cpu" / "embedded-tiny" / "ar"
     records = run_dir / "records" / "acceptance.jsonl"
     # More requests than the finished run, so the benchmark is still busy when it is killed.
-    more = ["--config", "acceptance={variants: [greedy, t1], num_prompts: 3, max_new_tokens: 48, "
-            "samples_per_prompt: 12}"]
+    (wd / "more.yaml").write_text(
+        "acceptance: {variants: [greedy, t1], num_prompts: 3, max_new_tokens: 48, samples_per_prompt: 12}\n"
+    )
+    more = ["more.yaml"]  # a second --configfile, layered over the test config
     target = str(run_dir.relative_to(wd) / "summary.json")
     cmd = [sys.executable, "-m", "snakemake", target, "--cores", "2", "--configfile", *TEST_CONFIG, *more]
     proc = subprocess.Popen(cmd, cwd=wd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -86,7 +89,9 @@ def test_killed_benchmark_leaves_no_server_and_rerun_resumes(finished_run: Path)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             lines = records.read_text().splitlines() if records.exists() else []
-            if len(lines) >= 3:
+            # sample_index 2 exists only in the new plan's records (the first run drew 2 samples).
+            if any(json.loads(line).get("sample_index", 0) >= 2 for line in lines[:-1]):
+                assert live_processes(wd), "the running server is not visible to the process check"
                 break
             assert proc.poll() is None, "the benchmark finished before it could be killed"
             time.sleep(0.2)
@@ -98,7 +103,13 @@ def test_killed_benchmark_leaves_no_server_and_rerun_resumes(finished_run: Path)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
-    assert server_processes(wd / "resources") == [], "a server outlived the killed benchmark"
+    # The session may still be stopping its server when Snakemake exits: give it its grace period.
+    plan = str(run_dir.relative_to(wd) / "plan.json")
+    deadline = time.monotonic() + 60
+    while live_processes(wd, mark=f"bench session --plan {plan}") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert live_processes(wd, mark=f"bench session --plan {plan}") == []
+    assert live_processes(wd) == [], "a server outlived the killed benchmark"
     assert not (run_dir / "summary.json").exists()  # an interrupted run never looks finished
     session = json.loads((run_dir / "records" / "session.json").read_text())
     assert session["status"] in ("interrupted", "failed")
