@@ -79,3 +79,51 @@ def test_tiny_pair_trains_and_drafts_better_than_chance(tiny_pair):
     # a random drafter over a 512-token vocabulary essentially never matches: tau ~ 1
     assert res["dflash_tau"] > 1.2
     assert res["ddtree_tau"] >= 1.0
+
+
+def test_batched_greedy_rollouts_match_single_sequence_decoding(untrained_pair):
+    from ddtree.models.pair import load_pair
+    from ddtree.models.train import greedy_continuation, greedy_extend
+
+    pair = load_pair(untrained_pair)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(2, 300, (3, 10), generator=g)
+    with torch.no_grad():
+        out = greedy_extend(pair.target, prompts, 6)
+    assert out.shape == (3, 16) and torch.equal(out[:, :10], prompts)
+    for row in range(3):
+        assert out[row, 10:].tolist() == greedy_continuation(pair.target, prompts[row].tolist(), 6, "cpu")
+
+
+def test_batched_evaluator_matches_per_round_drafting(untrained_pair):
+    """all_block_logits (one masked forward) == one inference-style draft_logits call per start."""
+    from ddtree.models.drafter import draft_logits
+    from ddtree.models.pair import load_pair
+    from ddtree.models.train import all_block_logits
+
+    pair = load_pair(untrained_pair)
+    seq = list(range(5, 40))
+    with torch.no_grad():
+        out = pair.target(input_ids=torch.tensor([seq]), output_hidden_states=True)
+        feats = pair.drafter.extract_context(out.hidden_states)
+        starts = [4, 11, 20]
+        batched = all_block_logits(pair.drafter, pair.embed_tokens, pair.lm_head, seq, feats, starts)
+        for i, s in enumerate(starts):
+            single = draft_logits(pair.drafter, pair.embed_tokens, pair.lm_head, torch.tensor([seq[s]]), s,
+                                  feats[:, :s], None)[0]
+            torch.testing.assert_close(batched[i], single, atol=1e-4, rtol=1e-4)
+
+
+def test_thread_picker_keeps_the_faster_count():
+    from ddtree.models.train import ThreadPicker
+
+    before = torch.get_num_threads()
+    try:
+        picker = ThreadPicker(2, reprobe_s=1e9)
+        fake = {1: 0.1, 2: 0.5}  # one thread is faster here
+        for step in range(8):
+            picker.before_step(step, elapsed=float(step))
+            picker.after_step(step, fake[picker.current])
+        assert picker.current == 1
+    finally:
+        torch.set_num_threads(before)
