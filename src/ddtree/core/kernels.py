@@ -256,8 +256,40 @@ def _gumbel_rows_kernel():
     import triton.language as tl
 
     @triton.jit
+    def race_step(x_ptr, base, idx, V, row_ok, inv_t, noisy, bits, run_max, acc, best, best_idx):
+        """Consume one [R, SUB] chunk: online logsumexp and the exponential race (see below)."""
+        msk = row_ok[:, None] & (idx < V)[None, :]  # [R, SUB]
+        x = tl.load(x_ptr + base[:, None] + idx[None, :], mask=msk, other=0.0).to(tl.float32)
+        # padding lanes -inf; padding rows 0 (keeps their dead arithmetic free of inf - inf)
+        s = tl.where(msk, x * inv_t[:, None], tl.where(row_ok[:, None], float("-inf"), 0.0))
+        new_max = tl.maximum(run_max, tl.max(s, 1))  # [R]
+        alpha = tl.exp(run_max - new_max)  # [R], rescales everything kept relative to the old max
+        e = tl.exp(s - new_max[:, None])  # [R, SUB] unnormalised probabilities
+        acc = acc * alpha[:, None] + e
+        # Exponential race: the pick is argmax(e / E) with E ~ Exp(1) i.i.d. E = -log(1 - w), w uniform in
+        # (0, 1) built from the raw 31-bit integer, so the WINNING tail (E, w near 0) has the integer's fine
+        # resolution and E is never 0 (a float uniform rounding to 1.0 would let a random token win).
+        bits = bits.to(tl.int32, bitcast=True)
+        bits = tl.where(bits < 0, ~bits, bits)  # uniform on [0, 2^31 - 1]
+        w = (bits.to(tl.float32) + 0.5) * 4.656612873077393e-10  # (0, 1]
+        w_big = tl.minimum(tl.maximum(w, 1e-3), 0.99999994)  # clamped: no log(0) in the unused branch
+        expo = tl.where(w < 1e-3, w * (1.0 + w * (0.5 + w * (1.0 / 3.0))), -tl.log(1.0 - w_big))
+        # Sampled rows race in units of exp(s - running max) (rescaled by alpha); greedy rows compare s.
+        cand = tl.where(noisy[:, None], e / expo, s)
+        cand = tl.where(msk, cand, float("-inf"))
+        best = best * tl.where(noisy, alpha, 1.0)[:, None]
+        better = cand > best  # strict: a lane keeps its first maximum
+        best = tl.where(better, cand, best)
+        best_idx = tl.where(better, idx[None, :], best_idx)
+        return new_max, acc, best, best_idx
+
+    # Triton resolves callees through the module's globals, not the enclosing scope: publish the helper
+    # there (kept inside this factory so importing this module never needs triton).
+    globals()["_fused_race_step"] = race_step
+
+    @triton.jit
     def gumbel_rows(x_ptr, inv_t_ptr, noisy_ptr, seed_ptr, token_ptr, lse_ptr, V, total_rows, rows_per_request,
-                    ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                    ROWS: tl.constexpr, SUB: tl.constexpr):
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R] rows of this program
         row_ok = rows < total_rows
         request = rows // rows_per_request
@@ -265,36 +297,23 @@ def _gumbel_rows_kernel():
         noisy = tl.load(noisy_ptr + request, mask=row_ok, other=0) != 0  # [R]
         seeds = tl.load(seed_ptr) + rows  # [R], one Philox key per row
         base = rows.to(tl.int64) * V  # [R]
-        offs = tl.arange(0, BLOCK)
-        run_max = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)  # every lane holds its row's running max
-        acc = tl.zeros([ROWS, BLOCK], tl.float32)  # per-lane sum of exp(s - run_max)
-        best = tl.full([ROWS, BLOCK], float("-inf"), tl.float32)  # per-lane best score and its index
-        best_idx = tl.zeros([ROWS, BLOCK], tl.int32)
-        for start in range(0, V, BLOCK):
-            idx = start + offs  # [BLOCK]
-            msk = row_ok[:, None] & (idx < V)[None, :]  # [R, BLOCK]
-            x = tl.load(x_ptr + base[:, None] + idx[None, :], mask=msk, other=0.0).to(tl.float32)
-            # padding lanes -inf; padding rows 0 (keeps their dead arithmetic free of inf - inf)
-            s = tl.where(msk, x * inv_t[:, None], tl.where(row_ok[:, None], float("-inf"), 0.0))
-            new_max = tl.maximum(run_max, tl.max(s, 1)[:, None])
-            acc = acc * tl.exp(run_max - new_max) + tl.exp(s - new_max)
-            run_max = new_max
-            # Exponential race: pick argmax(p / E), E ~ Exp(1), i.e. argmax(s - log E). E = -log(1 - w) with
-            # w uniform in (0, 1) built from the raw 31-bit integer, so the WINNING tail (E and w near 0)
-            # has the integer's fine resolution and w is never 0 (tl.rand's float can round to 1.0, which
-            # would make a random token win with probability ~V * 3e-8 per row).
-            bits = tl.randint(seeds[:, None], idx[None, :]).to(tl.int32, bitcast=True)
-            bits = tl.where(bits < 0, ~bits, bits)  # uniform on [0, 2^31 - 1]
-            w = (bits.to(tl.float32) + 0.5) * 4.656612873077393e-10  # (0, 1]
-            small = w < 1e-3  # log(-log(1 - w)) = log(w) + w / 2 + 5 w^2 / 24 + O(w^3)
-            w_big = tl.minimum(tl.maximum(w, 1e-3), 0.99999994)  # clamped: no log(0) in the unused branch
-            log_e = tl.where(small, tl.log(w) + w * (0.5 + w * (5.0 / 24.0)), tl.log(-tl.log(1.0 - w_big)))
-            score = tl.where(noisy[:, None], s - log_e, s)
-            score = tl.where(msk, score, float("-inf"))
-            better = score > best  # strict: a lane keeps its first maximum
-            best = tl.where(better, score, best)
-            best_idx = tl.where(better, idx[None, :], best_idx)
-        lse = tl.max(run_max, 1) + tl.log(tl.sum(acc, 1))  # [R]
+        offs = tl.arange(0, SUB)
+        run_max = tl.full([ROWS], float("-inf"), tl.float32)
+        acc = tl.zeros([ROWS, SUB], tl.float32)  # per-lane sum of exp(s - run_max)
+        best = tl.where(noisy[:, None], tl.full([ROWS, SUB], -1.0, tl.float32), float("-inf"))
+        best_idx = tl.zeros([ROWS, SUB], tl.int32)
+        for start in range(0, V, 4 * SUB):
+            # one Philox call yields the randomness of four chunks
+            r0, r1, r2, r3 = tl.randint4x(seeds[:, None], (start // 4 + offs)[None, :])
+            run_max, acc, best, best_idx = _fused_race_step(x_ptr, base, start + offs, V, row_ok, inv_t, noisy, r0,
+                                                     run_max, acc, best, best_idx)
+            run_max, acc, best, best_idx = _fused_race_step(x_ptr, base, start + SUB + offs, V, row_ok, inv_t, noisy,
+                                                     r1, run_max, acc, best, best_idx)
+            run_max, acc, best, best_idx = _fused_race_step(x_ptr, base, start + 2 * SUB + offs, V, row_ok, inv_t,
+                                                     noisy, r2, run_max, acc, best, best_idx)
+            run_max, acc, best, best_idx = _fused_race_step(x_ptr, base, start + 3 * SUB + offs, V, row_ok, inv_t,
+                                                     noisy, r3, run_max, acc, best, best_idx)
+        lse = run_max + tl.log(tl.sum(acc, 1))  # [R]
         top = tl.max(best, 1)
         token = tl.min(tl.where(best == top[:, None], best_idx, V), 1)  # first index among the lanes' maxima
         tl.store(token_ptr + rows, token, mask=row_ok)
@@ -339,13 +358,14 @@ def gumbel_sample_rows(
     tokens = torch.empty(rows, dtype=torch.int32, device=logits.device)
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
     seed = torch.randint(0, 2**30, (1,), generator=generator, device=logits.device, dtype=torch.int32)
-    block = min(2048, 1 << max(vocab - 1, 1).bit_length())
-    # Small vocabularies (tests, the interpreter) pack several rows per program.
-    rows_per_program = max(1, min(256, 2048 // block))
+    # Each loop step reads 4 chunks of `sub` columns (one Philox call); small vocabularies (tests, the
+    # interpreter) pack several rows per program.
+    sub = max(2, min(512, 1 << max(triton_cdiv(vocab, 4) - 1, 1).bit_length()))
+    rows_per_program = max(1, min(256, 2048 // (4 * sub)))
     grid = (triton_cdiv(rows, rows_per_program),)
     kernel[grid](
         x, inv_temperature.to(torch.float32).contiguous(), noisy.to(torch.int8).contiguous(), seed,
-        tokens, lse, vocab, rows, cols, ROWS=rows_per_program, BLOCK=block, num_warps=8 if block >= 1024 else 4,
+        tokens, lse, vocab, rows, cols, ROWS=rows_per_program, SUB=sub, num_warps=8 if sub >= 256 else 4,
     )
     return tokens.view(batch, cols).to(torch.int64), lse.view(batch, cols)
 
