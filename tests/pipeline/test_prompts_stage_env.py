@@ -92,5 +92,7 @@ def test_environment_record(tmp_path):
     assert env["git"]["commit"] is None  # a repository without commits
     assert len(env["pairs"]["pair"]["corpus_sha256"]) == 64
     assert env["pairs"]["none"]["manifest_sha256"] is None
+    (tmp_path / "manifest.json").write_text(json.dumps({"corpus": {"corpus_sha256": "ab" * 32}}))
+    assert envinfo.manifest_hash(tmp_path)["corpus_sha256"] == "ab" * 32
     rows = envinfo.environment_rows(env)
     assert any(r["key"] == "packages.torch" for r in rows)

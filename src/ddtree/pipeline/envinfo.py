@@ -59,16 +59,19 @@ def device_info() -> dict[str, Any]:
 
 
 def manifest_hash(pair_dir: str | Path) -> dict[str, Any]:
-    """sha256 of a pair's manifest.json and, when listed, of its corpus entries."""
+    """sha256 of a pair's manifest.json and its corpus hash (the manifest's own, else of its corpus entry)."""
     path = Path(pair_dir) / "manifest.json"
     if not path.is_file():
         return {"manifest_sha256": None, "corpus_sha256": None}
     raw = path.read_bytes()
     manifest = json.loads(raw)
     corpus = manifest.get("corpus")
-    corpus_hash = (
-        hashlib.sha256(json.dumps(corpus, sort_keys=True).encode()).hexdigest() if corpus is not None else None
-    )
+    if isinstance(corpus, dict) and corpus.get("corpus_sha256"):
+        corpus_hash = str(corpus["corpus_sha256"])  # the trainer's own hash of its corpus files
+    elif corpus is not None:
+        corpus_hash = hashlib.sha256(json.dumps(corpus, sort_keys=True).encode()).hexdigest()
+    else:
+        corpus_hash = None
     return {"manifest_sha256": hashlib.sha256(raw).hexdigest(), "corpus_sha256": corpus_hash}
 
 
