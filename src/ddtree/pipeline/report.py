@@ -231,6 +231,7 @@ def lossless_panel(tables: dict[str, pd.DataFrame]) -> Panel:
         sns.barplot(data=combined, x="run", y="neg_log10_p", hue="variant", ax=axes[1], errorbar=None)
         axes[1].axhline(-math.log10(alpha), color="red", ls="--", label=f"alpha = {alpha}")
         axes[1].set(title="T > 0: chi-square vs ar (Bonferroni p; above red = reject)", ylabel="-log10 p")
+        axes[1].legend()
         rejects = combined[combined["reject"]]
         if len(rejects):
             panel.notes.append(f"T > 0 test rejects at alpha = {alpha} for: "
