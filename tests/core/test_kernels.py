@@ -239,6 +239,15 @@ def test_fused_sampler_refuses_top_k_and_top_p():
                         backend="triton")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_sampler_compiles_on_cuda_when_triton_imports():
+    from ddtree.core.kernels import TRITON_PROBE_ERRORS, triton_sampler_importable, triton_sampler_usable
+
+    if not triton_sampler_importable():
+        pytest.skip("triton not importable")
+    assert triton_sampler_usable(FUSED_DEVICE), TRITON_PROBE_ERRORS.get(str(FUSED_DEVICE))
+
+
 def test_triton_backend_unusable_raises_on_plain_cpu():
     if _fused_usable():
         pytest.skip("the fused sampler is usable here")

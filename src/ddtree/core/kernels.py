@@ -370,6 +370,9 @@ def gumbel_sample_rows(
     return tokens.view(batch, cols).to(torch.int64), lse.view(batch, cols)
 
 
+TRITON_PROBE_ERRORS: dict[str, str] = {}  # device -> why the probe failed (for selfcheck and tests)
+
+
 @functools.lru_cache(maxsize=8)
 def triton_sampler_usable(device: torch.device) -> bool:
     """Importable, on CUDA (or interpreted), and passing a small probe against torch on this device."""
@@ -387,6 +390,9 @@ def triton_sampler_usable(device: torch.device) -> bool:
         ok = torch.allclose(lse, want_lse, rtol=1e-5, atol=1e-4)
         ok = ok and torch.equal(tokens[0], logits[0].argmax(-1))
         ok = ok and bool(((tokens >= 0) & (tokens < 3000)).all())
+        if not ok:
+            TRITON_PROBE_ERRORS[str(device)] = "probe mismatch against torch (lse or greedy argmax)"
         return bool(ok)
-    except Exception:  # noqa: BLE001 - a failing probe means "use the torch path"
+    except Exception as exc:  # noqa: BLE001 - a failing probe means "use the torch path"
+        TRITON_PROBE_ERRORS[str(device)] = f"{type(exc).__name__}: {exc}"
         return False

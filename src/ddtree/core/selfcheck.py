@@ -8,6 +8,8 @@ Checks (each recorded as {"name", "ok", "detail", "seconds"}):
 - verify_sampling_lossless[torch|reference]: a quick chi-square (alpha = 1e-3, cells with expected
   count < 5 merged) of the emitted sequence against the exact target law;
 - temperature_zero_equals_greedy;
+- triton_sampler_probe (CUDA with triton importable; informational, never fails): whether the fused
+  sampler compiles and matches torch, else why not (the torch path is then used);
 - verify_sampling_lossless[triton] (where the fused Triton sampler is usable): the same, T = 0.9;
 - sglang_kernel_matches_reference (only where SGLang's kernel is importable on CUDA): identical
   outcomes on the same coins for at least 99% of rows.
@@ -311,6 +313,21 @@ def check_sglang_kernel(device: torch.device, seed: int) -> str:
     return f"agreement {rate:.4f} on 64 rows, mean accept {real.accept_len.float().mean().item():.3f}"
 
 
+def _triton_importable() -> bool:
+    from ddtree.core.kernels import triton_sampler_importable
+
+    return triton_sampler_importable()
+
+
+def check_triton_probe(device: torch.device) -> str:
+    from ddtree.core.kernels import TRITON_PROBE_ERRORS, triton_sampler_usable
+
+    # Informational: a failed probe only means verify_sampling uses the (exact) torch path.
+    if not triton_sampler_usable(device):
+        return f"unavailable, torch path used: {TRITON_PROBE_ERRORS.get(str(device), '?')}"
+    return "fused Triton sampler compiled and matches torch on the probe"
+
+
 def _triton_sampler_ok(device: torch.device) -> bool:
     from ddtree.core.kernels import triton_sampler_usable
 
@@ -373,6 +390,8 @@ def run_checks(device_name: str, seed: int = 0, rows: int = 6000) -> dict:
         ("verify_sampling_lossless[reference]", lambda: check_lossless(device, seed, rows, "reference")),
         ("temperature_zero_equals_greedy", lambda: check_temperature_zero(device, seed)),
     ]
+    if device.type == "cuda" and _triton_importable():
+        checks.append(("triton_sampler_probe", lambda: check_triton_probe(device)))
     if record["triton_sampler"] == "available":
         checks.append(("verify_sampling_lossless[triton]",
                        lambda: check_lossless(device, seed, rows, "triton", (0.9, -1, 1.0))))
