@@ -14,6 +14,19 @@ pass the drafter's D (block_size - 1): it costs nothing. When omitted it is read
 `tree.depths.max()` (one device read). Nodes deeper than `max_depth` are never accepted.
 
 The walk is vectorised over the batch: a loop over depth on [B, N] tensors, no host sync.
+
+Sampling backends (`verify_sampling(..., backend=)`):
+- "torch": processes the logits in place in ONE fp32 [B, N, V] buffer (shift, temperature, top-k,
+  exp; top-p adds a transient sort), reads each node's edge probability, then draws by inverse CDF
+  (in-place cumsum + searchsorted). Runs everywhere; the reference.
+- "triton": temperature-only params (top_k <= 0, top_p == 1, T == 0 or T >= 0.05): one fused read of
+  the logits per row (exponential race + row logsumexp), no [B, N, V] float buffer at all. CUDA only
+  (or CPU under TRITON_INTERPRET=1); guarded by a probe against torch on first use.
+- "sglang": SGLang's tree_speculative_sampling_target_only (zero draft probs, thresholds 1), fed by
+  encode_retrieve; costs the probs buffer plus the kernel's zero draft-probs buffer.
+- "reference": the pure-torch reference of that kernel through the same adapter (tests, selfcheck).
+- "auto": sglang when importable on CUDA, else triton when usable and the params allow, else torch.
+All-greedy params skip sampling entirely (same result as verify_greedy, any backend).
 """
 
 from __future__ import annotations
@@ -114,7 +127,10 @@ def verify_greedy(
 ) -> VerifyResult:
     """Greedy verify: argmax pick per node, then the shared walk (expected_accept_len = accept_len)."""
     check_verify_inputs(tree, target_logits)
-    depth = resolve_max_depth(tree, max_depth)
+    return _verify_greedy_unchecked(tree, target_logits, resolve_max_depth(tree, max_depth))
+
+
+def _verify_greedy_unchecked(tree: DDTreeBuildResult, target_logits: torch.Tensor, depth: int) -> VerifyResult:
     picks = target_logits.argmax(dim=-1)  # [B, N]
     parent = tree.parents.clamp_min(0)
     one_hot_edges = ((tree.parents >= 0) & (tree.token_ids == picks.gather(1, parent))).to(torch.float32)
@@ -208,7 +224,7 @@ def verify_sampling(
     backend = resolve_backend(backend, target_logits.device, params)
     if params.all_greedy:
         params.broadcast(tree.batch_size, target_logits.device)  # same argument checks as the sampled path
-        return verify_greedy(tree, target_logits, max_depth=depth)
+        return _verify_greedy_unchecked(tree, target_logits, depth)
 
     if backend in ("sglang", "reference"):
         probs = process_logits_unchecked(target_logits, params)  # [B, N, V] fp32
