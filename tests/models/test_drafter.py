@@ -154,3 +154,19 @@ def test_config_errors_and_default_layers():
         DFlashConfig.from_dict({"hidden_size": 8, "dflash_config": {"mask_token_id": 1}})
     assert build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert build_target_layer_ids(4, 1) == [2]
+
+
+def test_refuses_unknown_parameters_and_reads_top_level_dflash_keys(tmp_path):
+    d = make_drafter()
+    d.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    dfl = cfg.pop("dflash_config")
+    cfg.update(dfl)  # mask_token_id / target_layer_ids at the top level
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    e = DFlashDrafter.from_pretrained(tmp_path)
+    assert e.config.target_layer_ids == [0, 2] and e.config.mask_token_id == 1
+    state = {k: v.contiguous() for k, v in d.state_dict().items()}
+    state["layers.0.attention_conv.base_kernel"] = torch.zeros(2, 2, 32)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="unsupported"):
+        DFlashDrafter.from_pretrained(tmp_path)

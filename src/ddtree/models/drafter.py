@@ -11,7 +11,9 @@ Architecture (the layout of the public DFlash drafters, so a hub checkpoint load
 Parameter names: `fc.weight`, `hidden_norm.weight`, `norm.weight`, `layers.N.input_layernorm.weight`,
 `layers.N.post_attention_layernorm.weight`, `layers.N.self_attn.{q,k,v,o}_proj.weight`,
 `layers.N.self_attn.{q,k}_norm.weight`, `layers.N.mlp.{gate,up,down}_proj.weight` (no `model.` prefix;
-one is stripped on load if present).
+one is stripped on load if present). Config: Qwen3 fields + top-level `block_size` + `dflash_config`
+{`mask_token_id`, `target_layer_ids`} (top-level copies of those two are accepted too). Not supported:
+sliding-window drafter layers and the DFlash2 extras (attention_conv, candidate_selector).
 
 Context / bonus convention (training and inference MUST agree; see `training_block_mask`):
   A round drafts the block `[bonus, mask * (block_size - 1)]` at absolute positions
@@ -91,6 +93,7 @@ class DFlashConfig:
         "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "vocab_size", "head_dim", "rms_norm_eps", "max_position_embeddings",
         "attention_bias", "num_target_layers", "block_size", "dflash_config", "rope_theta",
+        "mask_token_id", "target_layer_ids",
     )
 
     @classmethod
@@ -99,6 +102,10 @@ class DFlashConfig:
         block_size = d.get("block_size", dflash.get("block_size"))
         if block_size is None:
             raise ValueError("drafter config has no 'block_size' (top level or under 'dflash_config')")
+        # Some exported drafters put the DFlash keys at the top level instead of under dflash_config.
+        for key in ("mask_token_id", "target_layer_ids"):
+            if key not in dflash and key in d:
+                dflash[key] = d[key]
         if "mask_token_id" not in dflash:
             raise ValueError("drafter config has no 'dflash_config.mask_token_id'")
         rope_theta = d.get("rope_theta")
@@ -297,7 +304,16 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, rope_block, rope_ctx, cache, layer_idx, attn_mask):
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, L, H]
+        context: torch.Tensor,  # [B, T, H]
+        rope_block: tuple[torch.Tensor, torch.Tensor],
+        rope_ctx: tuple[torch.Tensor, torch.Tensor],
+        cache: DrafterCache | None,
+        layer_idx: int,
+        attn_mask: torch.Tensor | None,  # [B, 1, L, S] bool
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), context, rope_block, rope_ctx, cache, layer_idx, attn_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -423,7 +439,11 @@ class DFlashDrafter(nn.Module):
         missing = sorted(expected - set(state))
         if missing:
             raise ValueError(f"drafter weights in {path} lack parameters: {missing[:8]}")
-        # Extra tensors (e.g. a copied embed_tokens / lm_head) are ignored: the target provides them.
+        # A copied embed_tokens / lm_head is ignored (the target provides them); anything else means an
+        # architecture this module does not implement (e.g. DFlash2's attention_conv): refuse it.
+        unknown = sorted(k for k in set(state) - expected if not k.startswith(("embed_tokens.", "lm_head.")))
+        if unknown:
+            raise ValueError(f"drafter weights in {path} hold unsupported parameters: {unknown[:8]}")
         model.load_state_dict({k: state[k] for k in expected}, strict=True)
         return model.to(device=device, dtype=dtype).eval()
 
@@ -477,6 +497,8 @@ def draft_logits(
     cfg = drafter.config
     B, T = bonus.shape[0], context.shape[1]
     dev = bonus.device
+    if cache is not None and isinstance(start, int) and cache.length + T != start:
+        raise ValueError(f"cache.length ({cache.length}) + new context ({T}) must equal start ({start})")
     start_t = torch.as_tensor(start, device=dev, dtype=torch.long).expand(B)  # [B]
     offs = torch.arange(cfg.block_size, device=dev)
     block_pos = start_t.unsqueeze(1) + offs  # [B, L]
