@@ -56,9 +56,23 @@ def test_chi2_pools_rare_tokens_and_handles_degenerate_tables():
     a = [1] * 20 + [7, 8]
     b = [1] * 20 + [9]
     result = chi2_homogeneity(a, b, min_count=5)
-    assert result["categories"] == 2  # token 1 and the pooled rare ones
+    assert result["categories"] == 2 and result["binning"] == "tokens"  # token 1 and the pooled rare ones
     assert chi2_homogeneity([], [1, 2])["p_value"] == 1.0
     assert chi2_homogeneity([1, 1], [1, 1])["dof"] == 0
+    with pytest.raises(ValueError, match="fallback_buckets"):
+        chi2_homogeneity([1], [1], fallback_buckets=1)
+
+
+def test_chi2_falls_back_to_buckets_when_every_token_is_rare():
+    # 40 distinct tokens per sample: pooling alone leaves one category.
+    a = list(range(0, 400, 10))  # all = 0 mod 8 or 2/4/6 mod 8: even residues only
+    b = list(range(1, 401, 10))  # odd residues only
+    result = chi2_homogeneity(a, b, min_count=5, fallback_buckets=8)
+    assert result["binning"] == "mod8" and result["categories"] >= 2
+    table = np.array([[sum(t % 8 == r for t in a) for r in range(8)], [sum(t % 8 == r for t in b) for r in range(8)]])
+    table = table[:, table.sum(axis=0) > 0]
+    assert result["p_value"] == pytest.approx(chi2_contingency(table, correction=False).pvalue)
+    assert result["p_value"] < 1e-6
     with pytest.raises(ValueError, match="min_count"):
         chi2_homogeneity([1], [1], min_count=0)
 

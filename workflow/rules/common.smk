@@ -1,6 +1,6 @@
 # Imports, configuration and hardware-profile validation, and the helper functions every
 # rule uses (no lambdas in rules). Reusable logic lives in the tested `ddtree.pipeline`.
-import json
+import re
 from pathlib import Path
 
 import yaml
@@ -56,8 +56,6 @@ for _pair in HUB_PAIRS:
 
 def names_regex(names):
     """Wildcard constraint matching exactly the given names (nothing when empty)."""
-    import re
-
     return "|".join(re.escape(n) for n in names) if names else "(?!x)x"
 
 

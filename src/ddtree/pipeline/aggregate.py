@@ -229,7 +229,7 @@ def sampling_test_table(
 ) -> pd.DataFrame:
     """T > 0: chi-square test per output position of each speculative run against ar."""
     columns = ["profile", "pair", "variant", "method", "budget", "position", "n_a", "n_b", "categories",
-               "statistic", "dof", "p_value", "alpha", "reject"]
+               "binning", "statistic", "dof", "p_value", "alpha", "reject"]
     groups = _group_runs([r for r in records if float(r.get("temperature") or 0.0) > 0.0])
     rows = []
     for (profile, pair, variant, method, budget), part in groups.items():

@@ -67,21 +67,32 @@ def pool_rare(counts_a: Counter, counts_b: Counter, min_count: int) -> tuple[lis
 
 
 def chi2_homogeneity(
-    tokens_a: Sequence[int], tokens_b: Sequence[int], *, min_count: int = 5
+    tokens_a: Sequence[int], tokens_b: Sequence[int], *, min_count: int = 5, fallback_buckets: int = 8
 ) -> dict[str, float]:
     """Chi-square test that two samples of tokens share one distribution.
 
-    Returns statistic, dof, p_value, n_a, n_b, categories. Degenerate tables (an empty
-    sample or one category) give statistic 0, dof 0, p_value 1.0: no evidence of a difference.
+    Returns statistic, dof, p_value, n_a, n_b, categories, binning. With a spread-out
+    distribution and few samples every token is rare and pooling leaves one category; then the
+    test is run on `token mod fallback_buckets` instead (binning "mod<k>"): a fixed function of
+    the token, so it has the same law under both methods and the test stays valid. Degenerate
+    tables (an empty sample or one category) give statistic 0, dof 0, p_value 1.0.
     """
     from scipy.stats import chi2 as chi2_dist
 
     if min_count < 1:
         raise ValueError(f"min_count must be at least 1, got {min_count}")
+    if fallback_buckets < 2:
+        raise ValueError(f"fallback_buckets must be at least 2, got {fallback_buckets}")
     counts_a, counts_b = Counter(int(t) for t in tokens_a), Counter(int(t) for t in tokens_b)
     n_a, n_b = sum(counts_a.values()), sum(counts_b.values())
     categories, table = pool_rare(counts_a, counts_b, min_count)
-    result = {"n_a": n_a, "n_b": n_b, "categories": len(categories)}
+    binning = "tokens"
+    if len(categories) < 2 and n_a and n_b:
+        binning = f"mod{fallback_buckets}"
+        counts_a = Counter(int(t) % fallback_buckets for t in tokens_a)
+        counts_b = Counter(int(t) % fallback_buckets for t in tokens_b)
+        categories, table = pool_rare(counts_a, counts_b, min_count)
+    result = {"n_a": n_a, "n_b": n_b, "categories": len(categories), "binning": binning}
     if n_a == 0 or n_b == 0 or len(categories) < 2:
         return {**result, "statistic": 0.0, "dof": 0, "p_value": 1.0}
     col = table.sum(axis=0, keepdims=True)  # [1, K]
@@ -127,6 +138,7 @@ def sampled_token_test(
             "n_a": len(sequences_a),
             "n_b": len(sequences_b),
             "categories": 0,
+            "binning": "bonferroni",
             "statistic": float("nan"),
             "dof": 0,
             "p_value": float(min(1.0, min_p * len(positions))),  # Bonferroni-adjusted
