@@ -4,6 +4,11 @@
 # Snakemake never deletes them after a failure: a rerun resumes.
 
 
+# Writing a plan takes milliseconds: never a cluster job of its own.
+localrules:
+    plan,
+
+
 rule plan:
     input:
         prompts="results/prompts/{pair}.jsonl",
