@@ -12,6 +12,11 @@ target forward per token.
 Invariants between rounds: the target KV cache holds exactly the committed tokens before the bonus
 (`committed` rows); the drafter cache holds context features of the committed tokens already fed to it,
 and `pending_*` holds the features of the ones committed since (fed with the next draft forward).
+
+Every round drafts the full block depth D (one draft-logits shape per budget, so a CUDA-graph tree build
+is captured once); the last round's tree may therefore reach up to D - 1 positions past
+prompt + max_new_tokens, which RoPE targets (Qwen3, Llama) accept. Its extra tokens are cut by
+max_new_tokens and never emitted.
 """
 
 from __future__ import annotations
