@@ -116,10 +116,12 @@ def accept_hist_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     panel.table = keep[["pair", "run", "variant", "temperature", "accept_len", "rounds", "fraction"]]
     plt, sns = _plt()
     runs = _run_order(keep)
+    # One variant order (greedy first, then by temperature) so colours agree across panels.
+    variants = list(keep.sort_values(["temperature", "variant"])["variant"].drop_duplicates())
     fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4), squeeze=False)
     for ax, run in zip(axes[0], runs):
-        sns.barplot(data=keep[keep["run"] == run], x="accept_len", y="fraction", hue="variant", ax=ax,
-                    errorbar=None)
+        sns.barplot(data=keep[keep["run"] == run], x="accept_len", y="fraction", hue="variant",
+                    hue_order=variants, ax=ax, errorbar=None)
         ax.set_title(f"{run}: accepted drafts per round")
     fig.tight_layout()
     panel.figure = fig
@@ -275,6 +277,7 @@ def hardware_summary(tables: dict[str, pd.DataFrame]) -> Panel:
     grid = sns.catplot(data=long, x="profile", y="x_over_ar", hue="method", col="variant", kind="bar",
                        errorbar=None, height=3.6, aspect=1.0)
     grid.set_titles("{col_name}")
+    grid.set_axis_labels("hardware profile", "speedup over ar")
     panel.figure = grid.figure
     return panel
 
