@@ -96,3 +96,14 @@ def test_environment_record(tmp_path):
     assert envinfo.manifest_hash(tmp_path)["corpus_sha256"] == "ab" * 32
     rows = envinfo.environment_rows(env)
     assert any(r["key"] == "packages.torch" for r in rows)
+
+
+def test_offline_hub_dataset_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = {"source": "hub", "repo": "openai/gsm8k", "revision": "main", "file": "main/test.parquet",
+            "text_field": "question"}
+    with pytest.raises(stage.HubUnavailableError, match="dataset 'gsm8k' needs openai/gsm8k@main"):
+        stage.stage_hub_dataset("gsm8k", spec, tmp_path)
+    (tmp_path / "main").mkdir()
+    (tmp_path / "main" / "test.parquet").write_bytes(b"x")
+    assert stage.stage_hub_dataset("gsm8k", spec, tmp_path) == tmp_path / "main" / "test.parquet"

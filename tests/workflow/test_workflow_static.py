@@ -95,6 +95,14 @@ def test_hub_pair_offline_fails_at_once_with_how_to(workdir):
     assert "Traceback" not in out
 
 
+def test_hub_dataset_offline_fails_at_once_naming_it(workdir):
+    done = snakemake(workdir, "-n", "--cores", "1", "--config", "datasets=[stdlib-heldout,humaneval]",
+                     env={"HF_HUB_OFFLINE": "1"}, timeout=60)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "dataset 'humaneval' needs openai/openai_humaneval" in out and "drop 'humaneval'" in out
+
+
 def _requirements(lines):
     reqs = {}
     for line in lines:

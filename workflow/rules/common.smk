@@ -46,12 +46,19 @@ DATASETS = {name: config["dataset_catalog"][name] for name in config["datasets"]
 HUB_DATASETS = [name for name, ds in DATASETS.items() if ds["source"] == "hub"]
 RUNS = pipeline_config.run_ids(config["methods"], config["budgets"])
 
-# A configured hub pair that is not staged yet fails here, at once, when the hub is unreachable.
+# A configured hub pair or dataset that is not staged yet fails here, at once, when the hub is
+# unreachable.
 for _pair in HUB_PAIRS:
     try:
         pipeline_stage.ensure_hub_available(_pair, PAIRS[_pair], f"resources/models/{_pair}")
     except pipeline_stage.HubUnavailableError as exc:
         raise WorkflowError(str(exc)) from None
+for _name in HUB_DATASETS:
+    if not Path(f"resources/datasets/{_name}/staged.json").is_file():
+        try:
+            pipeline_stage.ensure_dataset_available(_name, DATASETS[_name], f"resources/datasets/{_name}")
+        except pipeline_stage.HubUnavailableError as exc:
+            raise WorkflowError(str(exc)) from None
 
 
 def names_regex(names):

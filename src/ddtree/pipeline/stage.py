@@ -119,6 +119,21 @@ def stage_hub_pair(pair: str, pair_cfg: Mapping[str, Any], pair_dir: str | Path)
     return manifest
 
 
+def ensure_dataset_available(
+    name: str, dataset_cfg: Mapping[str, Any], out_dir: str | Path, *, timeout_s: float = 3.0
+) -> None:
+    """Raise HubUnavailableError naming the dataset when it is not local and the hub is unreachable."""
+    if (Path(out_dir) / dataset_cfg["file"]).is_file():
+        return
+    reason = hub_offline_reason(timeout_s=timeout_s)
+    if reason is not None:
+        raise HubUnavailableError(
+            f"dataset {name!r} needs {dataset_cfg['repo']}@{dataset_cfg['revision']} from the Hugging Face hub, "
+            f"but the hub is not available: {reason}.\nTo proceed, go online, or place "
+            f"{dataset_cfg['file']} under {Path(out_dir)}, or drop {name!r} from 'datasets'."
+        )
+
+
 def stage_hub_dataset(name: str, dataset_cfg: Mapping[str, Any], out_dir: str | Path) -> Path:
     """Download one file of a hub dataset at its pinned revision; return its local path."""
     from huggingface_hub import hf_hub_download
@@ -126,13 +141,7 @@ def stage_hub_dataset(name: str, dataset_cfg: Mapping[str, Any], out_dir: str | 
     local = Path(out_dir) / dataset_cfg["file"]
     if local.is_file():
         return local
-    reason = hub_offline_reason()
-    if reason is not None:
-        raise HubUnavailableError(
-            f"dataset {name!r} needs {dataset_cfg['repo']}@{dataset_cfg['revision']} from the Hugging Face hub, "
-            f"but the hub is not available: {reason}.\nTo proceed, go online, or place "
-            f"{dataset_cfg['file']} under {Path(out_dir)}, or drop {name!r} from 'datasets'."
-        )
+    ensure_dataset_available(name, dataset_cfg, out_dir)
     path = hf_hub_download(
         repo_id=dataset_cfg["repo"],
         filename=dataset_cfg["file"],
