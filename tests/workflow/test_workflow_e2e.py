@@ -66,6 +66,10 @@ def test_end_to_end_outputs(finished_run: Path):
     env = json.loads((tables / "environment.json").read_text())
     assert env["packages"]["torch"] and env["pairs"]["embedded-tiny"]["manifest_sha256"]
     assert json.loads((wd / "results/cpu/build/selfcheck.json").read_text())["ok"] is True
+    plan = json.loads((wd / "results/cpu/embedded-tiny/ddtree-b4/plan.json").read_text())
+    # .test/config.yaml leaves top_k/top_p out: the schema's defaults were filled in.
+    assert [(v["top_k"], v["top_p"]) for v in plan["acceptance"]["variants"]] == [(-1, 1.0), (-1, 1.0)]
+    assert plan["tags"] == {"profile": "cpu", "pair": "embedded-tiny", "method": "ddtree", "budget": 4}
     assert live_processes(wd) == []
     # A second run has nothing to do.
     again = snakemake(wd, "-n", "--cores", "1", "--configfile", *TEST_CONFIG)

@@ -95,6 +95,38 @@ def test_hub_pair_offline_fails_at_once_with_how_to(workdir):
     assert "Traceback" not in out
 
 
+def test_pre_downloaded_hub_pair_needs_no_hub(workdir):
+    for part in ("target", "drafter"):
+        (workdir / "resources/models/qwen3-8b" / part).mkdir(parents=True)
+        (workdir / "resources/models/qwen3-8b" / part / "config.json").write_text("{}")
+    done = snakemake(workdir, "-n", "--cores", "1", "--config", "pairs=[qwen3-8b]", "datasets=[humaneval]",
+                     env={"HF_HUB_OFFLINE": "1"}, timeout=60)
+    out = done.stdout + done.stderr
+    # The pair is usable offline; the (not downloaded) dataset is what is reported missing.
+    assert "model pair 'qwen3-8b'" not in out
+    assert "dataset 'humaneval'" in out
+
+
+def test_schema_fills_defaults():
+    from snakemake.utils import validate
+
+    config = {
+        "model_pairs": {"p": {"source": "embedded"}},
+        "dataset_catalog": {"d": {"source": "embedded"}},
+        "variants": [{"name": "greedy", "temperature": 0.0}],
+    }
+    validate(config, str(REPO / "workflow/schemas/config.schema.yaml"))
+    assert config["hardware"] == ["cpu"] and config["methods"] == ["ar", "dflash", "ddtree"]
+    assert config["variants"][0]["top_k"] == -1 and config["variants"][0]["top_p"] == 1.0
+    assert config["model_pairs"]["p"]["size"] == "small"
+    assert config["acceptance"]["num_prompts"] >= 1 and config["lossless"]["alpha"] == 0.01
+    profile = {"engine": "reference", "device": "cpu", "dtype": "float32",
+               "resources": {"partition": "cpu", "gpu_model": None, "gpus": 0, "cpus": 2, "mem_mb": 4000,
+                             "runtime_min": 10}}
+    validate(profile, str(REPO / "workflow/schemas/hardware.schema.yaml"))
+    assert profile["tensor_parallel_size"] == 1 and profile["server_args"] == []
+
+
 def test_hub_dataset_offline_fails_at_once_naming_it(workdir):
     done = snakemake(workdir, "-n", "--cores", "1", "--config", "datasets=[stdlib-heldout,humaneval]",
                      env={"HF_HUB_OFFLINE": "1"}, timeout=60)
