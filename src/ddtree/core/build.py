@@ -66,15 +66,24 @@ def _validate(
 def choose_method(batch: int, depth: int, vocab: int, budget: int, device: torch.device | str) -> str:
     """The builder `method="auto"` uses for a shape (rule from the measurements in benchmarks/NOTES-core.md).
 
-    CUDA -> "batched": on one H200 (V = 151,936, D = 15, bf16) the graph-replayed batched build was at least
-    as fast as the heap in every measured cell, B = 1 and budget = 8 included (the heap pays the same
-    vocabulary step, plus a device->host copy and Python per node).
+    CUDA: "batched" except for tiny batches with wide beams. On one H200 (V = 151,936, D = 15, bf16) the
+    graph-replayed batched build beat the heap in every cell with budget <= 64 (B = 1 included) and every
+    cell with B >= 8; at B = 1 with budget 128 / 256 the heap was faster (1.02 vs 1.05 ms, 1.17 vs
+    1.52 ms): wide beams leave the one-program Triton beam for the torch beam, whose fixed cost is then
+    above the heap's few hundred Python pops. B = 2 sits at the crossover, so it stays with the heap.
     CPU (and other devices) -> "heap": the vocabulary step dominates both builders, and the eager beam's
     extra tensor ops never paid for themselves on CPU (B 1..64, budget 16..256, V = 4096, one thread).
-    The shape arguments are kept so the rule can become shape-dependent without an API change.
     """
     device = torch.device(device)
-    return "batched" if device.type == "cuda" else "heap"
+    if device.type != "cuda":
+        return "heap"
+    if batch <= _CUDA_HEAP_MAX_BATCH and budget > _CUDA_TRITON_BEAM_MAX_BUDGET:
+        return "heap"
+    return "batched"
+
+
+_CUDA_HEAP_MAX_BATCH = 2
+_CUDA_TRITON_BEAM_MAX_BUDGET = 64
 
 
 # --------------------------------------------------------------------------------------------------
