@@ -59,7 +59,7 @@ SIZES: dict[str, PairSize] = {
         name="small", vocab_size=2048, hidden_size=128, target_layers=3, target_intermediate=384, num_heads=4,
         num_kv_heads=2, head_dim=32, drafter_layers=2, drafter_intermediate=384, block_size=8,
         target_layer_ids=(0, 1, 2), seq_len=128, target_batch=16, target_lr=3e-3, target_minutes=2.5,
-        target_max_steps=100_000, drafter_batch=8, drafter_anchors=16, drafter_lr=2e-3, drafter_minutes=3.0,
+        target_max_steps=500, drafter_batch=8, drafter_anchors=16, drafter_lr=2e-3, drafter_minutes=3.0,
         drafter_max_steps=100_000, rollout_rows=3072, corpus_max_train_bytes=None,
         tokenizer_max_bytes=4_000_000,
     ),
