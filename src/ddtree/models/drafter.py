@@ -28,7 +28,6 @@ Context / bonus convention (training and inference MUST agree; see `training_blo
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
