@@ -127,3 +127,16 @@ def test_stale_records_are_reset_and_matching_ones_kept(tmp_path):
     manifest.write_text('{"seed": 1}')  # the pair was retrained
     assert reset_stale_records(plan, plan_fingerprint(plan, manifest)) == [str(records)]
     assert not records.exists()
+
+
+
+def test_sglang_profiles_skip_ddtree_runs_with_a_note_naming_profile_and_method() -> None:
+    from ddtree.pipeline.config import runs_for_profile, unsupported_note
+
+    sglang = {**PROFILE, "engine": "sglang"}
+    runs = ["ar", "dflash", "ddtree-b16", "ddtree-b64"]
+    assert runs_for_profile(runs, PROFILE) == runs
+    assert runs_for_profile(runs, sglang) == ["ar", "dflash"]
+    assert unsupported_note("cpu", PROFILE, ["ar", "dflash", "ddtree"]) is None
+    note = unsupported_note("b300-x8", sglang, ["ar", "dflash", "ddtree"])
+    assert note is not None and "'b300-x8'" in note and "'sglang'" in note and "ddtree" in note

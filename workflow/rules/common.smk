@@ -5,6 +5,7 @@ from pathlib import Path
 
 import yaml
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake.utils import validate
 
 from ddtree.pipeline import config as pipeline_config
@@ -45,6 +46,10 @@ HUB_PAIRS = [name for name, pair in PAIRS.items() if pair["source"] == "hub"]
 DATASETS = {name: config["dataset_catalog"][name] for name in config["datasets"]}
 HUB_DATASETS = [name for name, ds in DATASETS.items() if ds["source"] == "hub"]
 RUNS = pipeline_config.run_ids(config["methods"], config["budgets"])
+for _name, _profile in HARDWARE.items():
+    _note = pipeline_config.unsupported_note(_name, _profile, config["methods"])
+    if _note:
+        logger.warning(f"WARNING: {_note}")
 
 # A configured hub pair or dataset that is not staged yet fails here, at once, when the hub is
 # unreachable.
@@ -103,7 +108,7 @@ def all_plans():
         f"{run_dir(profile, pair, run)}/plan.json"
         for profile in config["hardware"]
         for pair in config["pairs"]
-        for run in RUNS
+        for run in pipeline_config.runs_for_profile(RUNS, HARDWARE[profile])
     ]
 
 
