@@ -66,11 +66,12 @@ def _validate(
 def choose_method(batch: int, depth: int, vocab: int, budget: int, device: torch.device | str) -> str:
     """The builder `method="auto"` uses for a shape (rule from the measurements in benchmarks/NOTES-core.md).
 
-    CUDA: "batched" except for tiny batches with wide beams. On one H200 (V = 151,936, D = 15, bf16) the
-    graph-replayed batched build beat the heap in every cell with budget <= 64 (B = 1 included) and every
-    cell with B >= 8; at B = 1 with budget 128 / 256 the heap was faster (1.02 vs 1.05 ms, 1.17 vs
-    1.52 ms): wide beams leave the one-program Triton beam for the torch beam, whose fixed cost is then
-    above the heap's few hundred Python pops. B = 2 sits at the crossover, so it stays with the heap.
+    CUDA: "batched" except for a single request with a wide beam. On one H200 (V = 151,936, D = 15, bf16)
+    the graph-replayed batched build beat the heap in every cell with budget <= 64 (B = 1 included) and
+    every cell with B >= 2 (B = 2: 1.11 vs 2.33 ms at budget 128, 1.61 vs 2.39 ms at 256); at B = 1 with
+    budget 256 the heap was faster in two runs (1.17 vs 1.52 ms, 1.49 vs 1.54 ms) and budget 128 was a
+    toss-up (1.02 vs 1.05 ms, 1.32 vs 1.09 ms): wide beams leave the one-program Triton beam for the
+    torch beam, whose fixed cost is then above the heap's few hundred Python pops.
     CPU (and other devices) -> "heap": the vocabulary step dominates both builders, and the eager beam's
     extra tensor ops never paid for themselves on CPU (B 1..64, budget 16..256, V = 4096, one thread).
     """
@@ -82,7 +83,7 @@ def choose_method(batch: int, depth: int, vocab: int, budget: int, device: torch
     return "batched"
 
 
-_CUDA_HEAP_MAX_BATCH = 2
+_CUDA_HEAP_MAX_BATCH = 1
 _CUDA_TRITON_BEAM_MAX_BUDGET = 64
 
 
