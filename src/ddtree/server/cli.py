@@ -27,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    parser.add_argument(
+        "--threads", type=int, default=None,
+        help="torch intra-op CPU threads (default: torch's). Decoding runs in a worker thread; on small CPU "
+        "models one thread avoids two OpenMP teams contending for the cores",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -71,6 +76,10 @@ def build_app(args: argparse.Namespace) -> Any:
 
     from ddtree.server.app import create_app
 
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit(f"ddtree serve: --threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     pair = _load_pair(args.model, args.device, dtype)
     engine = _engine_class()(pair, method=args.method, budget=args.budget, device=args.device, dtype=dtype)
