@@ -254,3 +254,40 @@ def test_triton_backend_unusable_raises_on_plain_cpu():
     _, tree, logits = _case(9, batch=2)
     with pytest.raises(ValueError, match="backend='triton'"):
         verify_sampling(tree, logits, SamplingParams(1.0), backend="triton")
+
+
+# Inverse-CDF sampler (the preferred fused path): the lossless tests above run through it; these cover
+# the Gumbel fallback, the lse against torch and the non-finite contract.
+
+
+@fused
+@pytest.mark.parametrize("temperature", [0.7])
+def test_gumbel_fallback_is_lossless(monkeypatch, temperature):
+    import ddtree.core.kernels as kernels
+
+    monkeypatch.setattr(kernels, "cdf_sampler_usable", lambda device: False)
+    test_fused_sampler_is_lossless(temperature)
+
+
+@fused
+def test_cdf_sampler_lse_and_greedy_rows_match_torch():
+    from ddtree.core.kernels import cdf_sample_rows
+
+    gen = torch.Generator(device=FUSED_DEVICE).manual_seed(3)
+    logits = (torch.randn((4, 3, 5000), generator=gen, device=FUSED_DEVICE) * 3).to(torch.bfloat16)
+    inv_t = torch.tensor([1.0, 1 / 0.3, 1.0, 1 / 1.7], device=FUSED_DEVICE)
+    noisy = torch.tensor([False, True, True, True], device=FUSED_DEVICE)
+    tokens, lse = cdf_sample_rows(logits, inv_t, noisy, gen)
+    want = torch.logsumexp(logits.float() * inv_t.view(4, 1, 1), dim=-1)  # [4, 3]
+    torch.testing.assert_close(lse, want, rtol=1e-5, atol=1e-4)
+    assert torch.equal(tokens[0], logits[0].float().argmax(-1))
+    assert bool(((tokens >= 0) & (tokens < 5000)).all())
+
+
+@fused
+def test_triton_backend_rejects_non_finite_logits():
+    _, tree, logits = _case(8, batch=4)
+    logits = logits.clone()
+    logits[1, 0, 3] = float("nan")
+    with pytest.raises(ValueError, match="target_logits"):
+        verify_sampling(_to(tree, FUSED_DEVICE), logits.to(FUSED_DEVICE), SamplingParams(1.0), backend="triton")

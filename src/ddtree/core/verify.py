@@ -168,9 +168,9 @@ def _fused_eligible(params: SamplingParams) -> bool:
 
 
 def _triton_usable(device: torch.device) -> bool:
-    from ddtree.core.kernels import triton_sampler_usable
+    from ddtree.core.kernels import cdf_sampler_usable, triton_sampler_usable
 
-    return triton_sampler_usable(device)
+    return cdf_sampler_usable(device) or triton_sampler_usable(device)
 
 
 def resolve_backend(backend: str, device: torch.device, params: SamplingParams | None = None) -> str:
@@ -256,14 +256,20 @@ def _verify_fused(
     generator: torch.Generator | None,
     depth: int,
 ) -> VerifyResult:
-    """Temperature-only sample-and-walk with the fused Triton sampler: no [B, N, V] float buffer."""
-    from ddtree.core.kernels import gumbel_sample_rows
+    """Temperature-only sample-and-walk with a fused Triton sampler: no [B, N, V] float buffer.
+
+    The inverse-CDF sampler (2 reads, one uniform per row) is preferred; the Gumbel race is the fallback
+    when its first-use probe fails on this device.
+    """
+    from ddtree.core.kernels import cdf_sample_rows, cdf_sampler_usable, gumbel_sample_rows
+
+    sampler = cdf_sample_rows if cdf_sampler_usable(target_logits.device) else gumbel_sample_rows
 
     batch, cols, vocab = target_logits.shape
     temperature, _, _ = params.broadcast(batch, target_logits.device)
     greedy = temperature == 0  # [B]
     inv_t = torch.where(greedy, torch.ones_like(temperature), temperature).reciprocal_()  # [B]
-    picks, lse = gumbel_sample_rows(target_logits, inv_t, ~greedy, generator)  # [B, N] each
+    picks, lse = sampler(target_logits, inv_t, ~greedy, generator)  # [B, N] each
     real = tree.parents >= 0
     parent = tree.parents.clamp_min(0)
     flat = parent * vocab + tree.token_ids.clamp_min(0)  # [B, N]
