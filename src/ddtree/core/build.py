@@ -66,25 +66,25 @@ def _validate(
 def choose_method(batch: int, depth: int, vocab: int, budget: int, device: torch.device | str) -> str:
     """The builder `method="auto"` uses for a shape (rule from the measurements in benchmarks/NOTES-core.md).
 
-    CUDA: "batched" except for a single request with a wide beam. On one H200 (V = 151,936, D = 15, bf16)
-    the graph-replayed batched build beat the heap in every cell with budget <= 64 (B = 1 included) and
-    every cell with B >= 2 (B = 2: 1.11 vs 2.33 ms at budget 128, 1.61 vs 2.39 ms at 256); at B = 1 with
-    budget 256 the heap was faster in two runs (1.17 vs 1.52 ms, 1.49 vs 1.54 ms) and budget 128 was a
-    toss-up (1.02 vs 1.05 ms, 1.32 vs 1.09 ms): wide beams leave the one-program Triton beam for the
-    torch beam, whose fixed cost is then above the heap's few hundred Python pops.
+    CUDA: "batched" except for a single request with a beam of 256 or more. On one H200 (V = 151,936,
+    D = 15, bf16; three runs) the graph-replayed batched build beat the heap in every cell with budget
+    <= 64 (B = 1 included) and every cell with B >= 2 (B = 2: 1.11 vs 2.33 ms at budget 128); at B = 1
+    and budget 128 it won two runs of three (1.09 vs 1.32 ms, 1.10 vs 1.59 ms; 1.05 vs 1.02 ms), at
+    B = 1 and budget 256 the heap won both runs (1.17 vs 1.52 ms, 1.49 vs 1.54 ms): beams wider than 64
+    leave the one-program Triton beam for the torch beam, whose fixed cost then passes the heap's pops.
     CPU (and other devices) -> "heap": the vocabulary step dominates both builders, and the eager beam's
     extra tensor ops never paid for themselves on CPU (B 1..64, budget 16..256, V = 4096, one thread).
     """
     device = torch.device(device)
     if device.type != "cuda":
         return "heap"
-    if batch <= _CUDA_HEAP_MAX_BATCH and budget > _CUDA_TRITON_BEAM_MAX_BUDGET:
+    if batch <= _CUDA_HEAP_MAX_BATCH and budget >= _CUDA_HEAP_MIN_BUDGET:
         return "heap"
     return "batched"
 
 
 _CUDA_HEAP_MAX_BATCH = 1
-_CUDA_TRITON_BEAM_MAX_BUDGET = 64
+_CUDA_HEAP_MIN_BUDGET = 256
 
 
 # --------------------------------------------------------------------------------------------------
