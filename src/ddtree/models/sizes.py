@@ -68,9 +68,12 @@ SIZES: dict[str, PairSize] = {
         name="small", vocab_size=2048, hidden_size=128, target_layers=3, target_intermediate=384, num_heads=4,
         num_kv_heads=2, head_dim=32, drafter_layers=2, drafter_intermediate=384, block_size=16,
         target_layer_ids=(0, 1, 2), seq_len=128, target_batch=16, target_lr=3e-3, target_minutes=2.5,
-        target_max_steps=500, drafter_batch=8, drafter_anchors=16, drafter_lr=2e-3, drafter_minutes=3.0,
-        drafter_max_steps=100_000, rollout_rows=3072, corpus_max_train_bytes=None,
+        target_max_steps=500, drafter_batch=8, drafter_anchors=16, drafter_lr=2e-3, drafter_minutes=3.5,
+        drafter_max_steps=1800, rollout_rows=3072, corpus_max_train_bytes=None,
         tokenizer_max_bytes=4_000_000,
+        # Fixed step counts and fixed threads: the same pair on every quiet 2-core machine (a time-driven
+        # schedule made pair quality follow machine load); the minutes only stop a run on a loaded machine.
+        schedule="steps",
     ),
     "large": PairSize(
         name="large", vocab_size=4096, hidden_size=512, target_layers=8, target_intermediate=1536, num_heads=8,
