@@ -6,8 +6,7 @@ The public core API is importable from the package root; it is resolved lazily s
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ddtree._lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -28,9 +27,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'ddtree' has no attribute {name!r}")
+__getattr__ = lazy_getattr("ddtree", _EXPORTS)

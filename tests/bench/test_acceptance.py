@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from ddtree.bench.acceptance import RECORD_FIELDS, run_acceptance
-from ddtree.bench.http_client import derive_seed, wait_for_health
+from ddtree.bench.http_client import derive_seed
 from ddtree.bench.records import record_key
-from ddtree.bench.session import ServerProcess, free_port, server_command, start_server, stop_server
+from ddtree.bench.session import ServerProcess
 from ddtree.cli import main as ddtree_main
 
 TAGS = {"pair": "tiny", "method": "ddtree", "budget": 16}
@@ -23,21 +23,9 @@ KEYS = [*TAGS, "prompt_id", "variant", "sample_index"]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_pair: Path, tmp_path_factory) -> Iterator[ServerProcess]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("acc_server") / "server.log"
-    srv = start_server(server_command({"model": str(tiny_pair), "method": "ddtree", "budget": 16}, "127.0.0.1", port),
-                       log, port=port)
-    try:
-        wait_for_health(srv.url, 180, process=srv.process, log_path=log)
+def server(tiny_pair: Path, tmp_path_factory, reference_server) -> Iterator[ServerProcess]:
+    with reference_server(tiny_pair, "ddtree", tmp_path_factory.mktemp("acc_server") / "server.log") as srv:
         yield srv
-    finally:
-        stop_server(srv)
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny_pair: Path) -> Path:
-    return tiny_pair / "prompts" / "heldout.jsonl"
 
 
 def read(path: Path) -> list[dict]:

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree.bench.http_client import wait_for_health
 from ddtree.bench.records import record_key
-from ddtree.bench.session import ServerProcess, free_port, server_command, start_server, stop_server
+from ddtree.bench.session import ServerProcess
 from ddtree.bench.throughput import RECORD_FIELDS, run_throughput, summarize_level
 from ddtree.cli import main as ddtree_main
 
@@ -20,21 +19,9 @@ EPS = 1e-3  # seconds of clock slack between client-side timestamps
 
 
 @pytest.fixture(scope="module")
-def server(tiny_pair: Path, tmp_path_factory) -> Iterator[ServerProcess]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("thr_server") / "server.log"
-    srv = start_server(server_command({"model": str(tiny_pair), "method": "dflash", "budget": 16}, "127.0.0.1", port),
-                       log, port=port)
-    try:
-        wait_for_health(srv.url, 180, process=srv.process, log_path=log)
+def server(tiny_pair: Path, tmp_path_factory, reference_server) -> Iterator[ServerProcess]:
+    with reference_server(tiny_pair, "dflash", tmp_path_factory.mktemp("thr_server") / "server.log") as srv:
         yield srv
-    finally:
-        stop_server(srv)
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny_pair: Path) -> Path:
-    return tiny_pair / "prompts" / "heldout.jsonl"
 
 
 def read(path: Path) -> list[dict]:

@@ -30,6 +30,7 @@ import torch
 
 from ddtree.core.checks import check_dim, check_same_device, check_tensor
 from ddtree.core.types import DDTreeBuildResult, RetrieveEncoding, VerifyResult
+from ddtree.core.verify import path_result
 
 KERNEL_MODULE = "sglang.kernels.ops.speculative.verify_sampling"
 KERNEL_NAME = "tree_speculative_sampling_target_only"
@@ -186,14 +187,7 @@ def kernel_outputs_to_verify_result(
     slots = torch.arange(flat.shape[1], device=flat.device).unsqueeze(0)
     valid = (slots <= accept_len.unsqueeze(1)) & (flat >= 0)
     nodes = torch.where(valid, flat - base, torch.full_like(flat, -1))  # [B, D + 1]
-    last = nodes.gather(1, accept_len.unsqueeze(1))  # [B, 1]
-    bonus = predicts.to(torch.int64).view(batch, cols).gather(1, last).squeeze(1)  # [B]
-    return VerifyResult(
-        accept_len=accept_len,
-        accepted_nodes=nodes,
-        bonus_token=bonus,
-        expected_accept_len=expected_accept_len.to(torch.float32),
-    )
+    return path_result(accept_len, nodes, predicts.to(torch.int64).view(batch, cols), expected_accept_len)
 
 
 def draw_coins(
@@ -373,9 +367,11 @@ def gumbel_sample_rows(
 TRITON_PROBE_ERRORS: dict[str, str] = {}  # device -> why the probe failed (for selfcheck and tests)
 
 
-@functools.lru_cache(maxsize=8)
-def triton_sampler_usable(device: torch.device) -> bool:
-    """Importable, on CUDA (or interpreted), and passing a small probe against torch on this device."""
+def _probe_sampler(sample_rows: Callable, device: torch.device, error_key: str) -> bool:
+    """Run `sample_rows` on a small probe on `device` and compare with torch (lse, greedy argmax, range).
+
+    Any failure is recorded in TRITON_PROBE_ERRORS[error_key] and means "use a slower path".
+    """
     if device.type != "cuda" and not _interpreting():
         return False
     if not triton_sampler_importable():
@@ -385,17 +381,23 @@ def triton_sampler_usable(device: torch.device) -> bool:
         logits = torch.randn((3, 5, 3000), generator=gen, device=device) * 4
         inv_t = torch.tensor([1.0, 1.0 / 0.7, 1.0], device=device)
         noisy = torch.tensor([False, True, True], device=device)
-        tokens, lse = gumbel_sample_rows(logits, inv_t, noisy, gen)
+        tokens, lse = sample_rows(logits, inv_t, noisy, gen)
         want_lse = torch.logsumexp(logits * inv_t.view(3, 1, 1), dim=-1)
         ok = torch.allclose(lse, want_lse, rtol=1e-5, atol=1e-4)
         ok = ok and torch.equal(tokens[0], logits[0].argmax(-1))
         ok = ok and bool(((tokens >= 0) & (tokens < 3000)).all())
         if not ok:
-            TRITON_PROBE_ERRORS[str(device)] = "probe mismatch against torch (lse or greedy argmax)"
+            TRITON_PROBE_ERRORS[error_key] = "probe mismatch against torch (lse or greedy argmax)"
         return bool(ok)
-    except Exception as exc:  # noqa: BLE001 - a failing probe means "use the torch path"
-        TRITON_PROBE_ERRORS[str(device)] = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a failing probe means "use a slower path"
+        TRITON_PROBE_ERRORS[error_key] = f"{type(exc).__name__}: {exc}"
         return False
+
+
+@functools.lru_cache(maxsize=8)
+def triton_sampler_usable(device: torch.device) -> bool:
+    """The Gumbel-race sampler is importable, on CUDA (or interpreted), and passes the probe on `device`."""
+    return _probe_sampler(gumbel_sample_rows, device, str(device))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -498,22 +500,5 @@ def cdf_sample_rows(
 
 @functools.lru_cache(maxsize=8)
 def cdf_sampler_usable(device: torch.device) -> bool:
-    """The inverse-CDF sampler compiles on `device` and agrees with torch on a small probe."""
-    if device.type != "cuda" and not _interpreting():
-        return False
-    try:
-        _cdf_rows_kernel()
-        gen = torch.Generator(device=device).manual_seed(0)
-        logits = torch.randn((3, 5, 3000), generator=gen, device=device) * 4
-        inv_t = torch.tensor([1.0, 1.0 / 0.7, 1.0], device=device)
-        noisy = torch.tensor([False, True, True], device=device)
-        tokens, lse = cdf_sample_rows(logits, inv_t, noisy, gen)
-        ok = torch.allclose(lse, torch.logsumexp(logits * inv_t.view(3, 1, 1), dim=-1), rtol=1e-5, atol=1e-4)
-        ok = ok and torch.equal(tokens[0], logits[0].argmax(-1))
-        ok = ok and bool(((tokens >= 0) & (tokens < 3000)).all())
-        if not ok:
-            TRITON_PROBE_ERRORS[f"cdf:{device}"] = "cdf probe mismatch against torch (lse or greedy argmax)"
-        return bool(ok)
-    except Exception as exc:  # noqa: BLE001 - a failing probe means "use the Gumbel or torch path"
-        TRITON_PROBE_ERRORS[f"cdf:{device}"] = f"{type(exc).__name__}: {exc}"
-        return False
+    """The inverse-CDF sampler compiles on `device` and agrees with torch on the probe."""
+    return _probe_sampler(cdf_sample_rows, device, f"cdf:{device}")

@@ -112,6 +112,17 @@ def walk(tree: DDTreeBuildResult, picks: torch.Tensor, edge_p: torch.Tensor, max
     accepted_nodes = torch.full((batch, max_depth + 2), -1, dtype=torch.int64, device=tree.device)
     accepted_nodes.scatter_(1, slot, node_ids)
     accepted_nodes = accepted_nodes[:, : max_depth + 1].contiguous()  # [B, D + 1]
+    return path_result(accept_len, accepted_nodes, picks, expected)
+
+
+def path_result(
+    accept_len: torch.Tensor, accepted_nodes: torch.Tensor, picks: torch.Tensor, expected: torch.Tensor
+) -> VerifyResult:
+    """VerifyResult of an accepted path: the bonus is the pick at its last node.
+
+    accept_len [B]; accepted_nodes [B, D + 1] (root first, -1 padded); picks [B, N] (token picked at each
+    node); expected [B].
+    """
     last = accepted_nodes.gather(1, accept_len.unsqueeze(1))  # [B, 1]
     bonus = picks.gather(1, last).squeeze(1)  # [B]
     return VerifyResult(

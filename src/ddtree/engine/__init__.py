@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from ddtree._lazy import lazy_getattr
 from ddtree.engine.types import METHODS, STAGES, GenerationOutput, GenerationRequest
 
 __all__ = ["METHODS", "STAGES", "DecodingEngine", "GenerationOutput", "GenerationRequest"]
 
 
-def __getattr__(name: str) -> Any:
-    # The engine pulls in torch + transformers; keep `import ddtree.engine` light for the request types.
-    if name == "DecodingEngine":
-        return importlib.import_module("ddtree.engine.engine").DecodingEngine
-    raise AttributeError(f"module 'ddtree.engine' has no attribute {name!r}")
+# The engine pulls in torch + transformers; keep `import ddtree.engine` light for the request types.
+__getattr__ = lazy_getattr("ddtree.engine", {"DecodingEngine": "ddtree.engine.engine"})

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ddtree._lazy import lazy_getattr
 
 _EXPORTS: dict[str, str] = {
     "DFlashConfig": "ddtree.models.drafter",
@@ -17,9 +16,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'ddtree.models' has no attribute {name!r}")
+__getattr__ = lazy_getattr("ddtree.models", _EXPORTS)

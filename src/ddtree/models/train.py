@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ddtree.models.corpus import CorpusFile, corpus_manifest, load_corpus, make_prompts
-from ddtree.models.drafter import DFlashDrafter, draft_logits, training_block_mask
+from ddtree.models.drafter import DFlashDrafter, training_block_mask
 from ddtree.models.sizes import PairSize, drafter_config, get_size, target_config
 from ddtree.models.tokenizer import save_tokenizer, special_token_ids, train_bpe
 

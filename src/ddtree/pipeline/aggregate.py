@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -201,18 +201,25 @@ def _group_runs(records: Sequence[Mapping[str, Any]]) -> dict[tuple, list[Mappin
     return groups
 
 
+def _against_ar(groups: Mapping[tuple, list]) -> Iterator[tuple[tuple, list, list]]:
+    """(key, records, ar's records of the same profile, pair and variant) for every speculative run
+    that has an `ar` reference."""
+    for key, part in groups.items():
+        profile, pair, variant, method, _ = key
+        if method == "ar":
+            continue
+        reference = groups.get((profile, pair, variant, "ar", None))
+        if reference is not None:
+            yield key, part, reference
+
+
 def greedy_match_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """T = 0 match rate by prompt of every speculative run against ar's outputs."""
     columns = ["profile", "pair", "variant", "method", "budget", "n", "matches", "match_rate",
                "mean_prefix_fraction"]
     groups = _group_runs([r for r in records if float(r.get("temperature") or 0.0) == 0.0])
     rows = []
-    for (profile, pair, variant, method, budget), part in groups.items():
-        if method == "ar":
-            continue
-        reference = groups.get((profile, pair, variant, "ar", None))
-        if reference is None:
-            continue
+    for (profile, pair, variant, method, budget), part, reference in _against_ar(groups):
         stats = greedy_match(_outputs_by_prompt(reference), _outputs_by_prompt(part))
         rows.append({"profile": profile, "pair": pair, "variant": variant, "method": method,
                      "budget": budget, **stats})
@@ -232,12 +239,7 @@ def sampling_test_table(
                "binning", "statistic", "dof", "p_value", "alpha", "reject"]
     groups = _group_runs([r for r in records if float(r.get("temperature") or 0.0) > 0.0])
     rows = []
-    for (profile, pair, variant, method, budget), part in groups.items():
-        if method == "ar":
-            continue
-        reference = groups.get((profile, pair, variant, "ar", None))
-        if reference is None:
-            continue
+    for (profile, pair, variant, method, budget), part, reference in _against_ar(groups):
         seqs_ar = [list(r["output_ids"]) for r in reference if r.get("output_ids") is not None]
         seqs = [list(r["output_ids"]) for r in part if r.get("output_ids") is not None]
         for row in sampled_token_test(seqs_ar, seqs, positions=positions, alpha=alpha):
