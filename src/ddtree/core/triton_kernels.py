@@ -14,6 +14,14 @@ import triton.language as tl
 
 
 @triton.jit
+def _order_key16(raw):
+    """bf16/fp16 values -> int32 key in [0, 65535] whose order is the float order (-0.0 folded onto +0.0)."""
+    bits = raw.to(tl.int16, bitcast=True).to(tl.int32)  # sign-extended
+    bits = tl.where(bits == -32768, 0, bits)  # -0.0 -> +0.0
+    return (bits ^ ((bits >> 15) & 0x7FFF)) + 32768
+
+
+@triton.jit
 def _split_stats_kernel(
     x_ptr,
     max_ptr,
@@ -22,8 +30,10 @@ def _split_stats_kernel(
     V,
     stride_row,
     num_splits,
+    hist_ptr,  # [R, S, 256] int32 when HIST: histogram of the high byte of the 16-bit order key
     SPLIT_LEN: tl.constexpr,  # constexpr: a few distinct values per process (one per vocabulary/batch shape)
     BLOCK: tl.constexpr,
+    HIST: tl.constexpr,  # bf16/fp16 input only; HIST=False is the plain statistics kernel
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -43,12 +53,19 @@ def _split_stats_kernel(
     split_max = tl.max(m, 0)
     # pass 2: sum of exp(x - max); the split (a few hundred KB at most per program) is mostly still in L2
     acc = tl.zeros([BLOCK], tl.float32)
+    hist = tl.zeros([512], tl.int32)
     for s in range(0, SPLIT_LEN, BLOCK):
         idx = start + s + offs
         msk = idx < stop
-        v = tl.load(base + idx, mask=msk, other=float("-inf")).to(tl.float32)
+        raw = tl.load(base + idx, mask=msk, other=float("-inf"))
+        v = raw.to(tl.float32)
         acc += tl.where(msk, tl.exp(v - split_max), 0.0)
+        if HIST:  # the same read also bins the high byte (bins 256.. collect the masked lanes)
+            hist += tl.histogram(tl.where(msk, _order_key16(raw) >> 8, 511), 512)
     out = row * num_splits + split
+    if HIST:
+        bins = tl.arange(0, 512)
+        tl.store(hist_ptr + out.to(tl.int64) * 256 + bins, hist, mask=bins < 256)
     tl.store(max_ptr + out, split_max)
     tl.store(sum_ptr + out, tl.sum(acc, 0))
     tl.store(min_ptr + out, tl.min(mn, 0))
@@ -71,21 +88,166 @@ def row_lse_and_min(x: torch.Tensor, *, block: int = 2048) -> tuple[torch.Tensor
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, vocab = x.shape
-    splits = _num_splits(rows, vocab, block)
-    split_len = triton.cdiv(triton.cdiv(vocab, splits), block) * block
-    splits = triton.cdiv(vocab, split_len)
+    splits, split_len = _split_geometry(rows, vocab, block)
     part_max = torch.empty((rows, splits), dtype=torch.float32, device=x.device)  # [R, S]
     part_sum = torch.empty_like(part_max)
     part_min = torch.empty_like(part_max)
     _split_stats_kernel[(rows, splits)](
-        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, SPLIT_LEN=split_len, BLOCK=block, num_warps=8
+        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max,
+        SPLIT_LEN=split_len, BLOCK=block, HIST=False, num_warps=8,
     )
+    return _merge_stats(part_max, part_sum, part_min)
+
+
+def _split_geometry(rows: int, vocab: int, block: int) -> tuple[int, int]:
+    """(number of splits, split length) of a row; split length is a multiple of block."""
+    splits = _num_splits(rows, vocab, block)
+    split_len = triton.cdiv(triton.cdiv(vocab, splits), block) * block
+    return triton.cdiv(vocab, split_len), split_len
+
+
+def _merge_stats(
+    part_max: torch.Tensor, part_sum: torch.Tensor, part_min: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-split (max, sum exp(x - max), min) [R, S] -> row (logsumexp, min) [R] float32."""
     row_max = part_max.amax(1, keepdim=True)  # [R, 1]
     # merge splits: sum_s sum_s' * exp(max_s - row_max); a -inf split contributes exactly 0
     scale = torch.exp(part_max - row_max)
     scale = torch.where(part_max == float("-inf"), torch.zeros_like(scale), scale)
     lse = row_max.squeeze(1) + torch.log((part_sum * scale).sum(1))
     return lse, part_min.amin(1)
+
+
+# --------------------------------------------------------------------------------------------------
+# fused vocabulary step: row logsumexp + exact top-k by radix select on the 16-bit order key
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _low_hist_kernel(
+    x_ptr,
+    hi_ptr,  # [R] int32: the high byte holding the k-th largest key
+    hist_ptr,  # [R, S, 256] int32 out: low-byte histogram of the keys whose high byte is hi
+    V,
+    stride_row,
+    num_splits,
+    SPLIT_LEN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    base = x_ptr + row.to(tl.int64) * stride_row
+    start = split * SPLIT_LEN
+    stop = tl.minimum(start + SPLIT_LEN, V)
+    offs = tl.arange(0, BLOCK)
+    hi = tl.load(hi_ptr + row)
+    hist = tl.zeros([512], tl.int32)
+    for s in range(0, SPLIT_LEN, BLOCK):
+        idx = start + s + offs
+        msk = idx < stop
+        key = _order_key16(tl.load(base + idx, mask=msk, other=0.0))
+        hist += tl.histogram(tl.where(msk & ((key >> 8) == hi), key & 255, 511), 512)
+    bins = tl.arange(0, 512)
+    out = (row * num_splits + split).to(tl.int64)
+    tl.store(hist_ptr + out * 256 + bins, hist, mask=bins < 256)
+
+
+@triton.jit
+def _compact_kernel(
+    x_ptr,
+    thr_ptr,  # [R] int32: the k-th largest key T
+    ngt_ptr,  # [R] int32: how many keys of the row are > T (< k)
+    val_ptr,  # [R, K] float32 out
+    id_ptr,  # [R, K] int64 out
+    V,
+    stride_row,
+    K,
+    BLOCK: tl.constexpr,
+):
+    """Writes the row's keys > T (in id order) then the first K - ngt keys == T (smallest ids first)."""
+    row = tl.program_id(0)
+    base = x_ptr + row.to(tl.int64) * stride_row
+    out = row.to(tl.int64) * K
+    thr = tl.load(thr_ptr + row)
+    n_gt_total = tl.load(ngt_ptr + row)
+    need = K - n_gt_total
+    offs = tl.arange(0, BLOCK)
+    n_gt = n_gt_total * 0  # running offsets (int32 scalars)
+    n_eq = n_gt_total * 0
+    for s in range(0, V, BLOCK):
+        idx = s + offs
+        msk = idx < V
+        raw = tl.load(base + idx, mask=msk, other=0.0)
+        key = _order_key16(raw)
+        gt = msk & (key > thr)
+        eq = msk & (key == thr)
+        pos_gt = n_gt + tl.cumsum(gt.to(tl.int32), 0) - 1
+        pos_eq = n_eq + tl.cumsum(eq.to(tl.int32), 0) - 1
+        slot = tl.where(gt, pos_gt, n_gt_total + pos_eq)
+        keep = gt | (eq & (pos_eq < need))
+        tl.store(val_ptr + out + slot, raw.to(tl.float32), mask=keep)
+        tl.store(id_ptr + out + slot, idx.to(tl.int64), mask=keep)
+        n_gt += tl.sum(gt.to(tl.int32), 0)
+        n_eq += tl.sum(eq.to(tl.int32), 0)
+
+
+def _select_bin(hist: torch.Tensor, rank: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """hist [R, 256] counts per key byte, rank [R] (1-based, from the top). Returns the byte holding the
+    rank-th largest key and the count strictly above that byte, both [R] int64 (no host sync)."""
+    from_top = hist.flip(1).to(torch.int64).cumsum(1)  # [R, 256]: keys in bins >= 255 - i
+    i = (from_top < rank.unsqueeze(1)).sum(1)  # [R] first reversed bin reaching rank
+    above = from_top.gather(1, i.unsqueeze(1)).squeeze(1) - hist.flip(1).to(torch.int64).gather(
+        1, i.unsqueeze(1)
+    ).squeeze(1)
+    return 255 - i, above
+
+
+FUSED_TOPK_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def row_topk_lse(
+    x: torch.Tensor, k: int, *, block: int = 2048, compact_block: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused vocabulary step for bf16/fp16 logits x [R, V] (CUDA, last dim contiguous), 1 <= k <= V.
+
+    Returns (values [R, k] float32, ids [R, k] int64, logsumexp [R] float32, min [R] float32). The (value,
+    id) pairs are exactly the row's k best under "larger value first, then smaller id" (-0.0 == +0.0);
+    they come grouped (keys above the k-th, then ties), not sorted. logsumexp and min are bit-identical to
+    `row_lse_and_min` (same kernel, same splits). Three streaming reads of x, no [R, V] temporary:
+    statistics + high-byte histogram, low-byte histogram inside the chosen bin, compaction.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must have rank 2, got shape {tuple(x.shape)}")
+    if x.dtype not in FUSED_TOPK_DTYPES:
+        raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
+    rows, vocab = x.shape
+    if not isinstance(k, int) or not 1 <= k <= vocab:
+        raise ValueError(f"k must be an int in [1, V={vocab}], got {k!r}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    splits, split_len = _split_geometry(rows, vocab, block)
+    part_max = torch.empty((rows, splits), dtype=torch.float32, device=x.device)  # [R, S]
+    part_sum = torch.empty_like(part_max)
+    part_min = torch.empty_like(part_max)
+    hist = torch.empty((rows, splits, 256), dtype=torch.int32, device=x.device)  # [R, S, 256]
+    _split_stats_kernel[(rows, splits)](
+        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, hist,
+        SPLIT_LEN=split_len, BLOCK=block, HIST=True, num_warps=8,
+    )
+    lse, row_min = _merge_stats(part_max, part_sum, part_min)
+    rank = torch.full((rows,), k, dtype=torch.int64, device=x.device)  # [R]
+    hi, above_hi = _select_bin(hist.sum(1), rank)
+    hi32 = hi.to(torch.int32)
+    _low_hist_kernel[(rows, splits)](
+        x, hi32, hist, vocab, x.stride(0), splits, SPLIT_LEN=split_len, BLOCK=block, num_warps=8
+    )
+    lo, above_lo = _select_bin(hist.sum(1), rank - above_hi)
+    thr = (hi * 256 + lo).to(torch.int32)  # [R] the k-th largest key
+    n_gt = (above_hi + above_lo).to(torch.int32)  # [R] keys strictly above it (< k)
+    vals = torch.empty((rows, k), dtype=torch.float32, device=x.device)  # [R, k]
+    ids = torch.empty((rows, k), dtype=torch.int64, device=x.device)
+    _compact_kernel[(rows,)](x, thr, n_gt, vals, ids, vocab, x.stride(0), k, BLOCK=compact_block, num_warps=4)
+    return vals, ids, lse, row_min
 
 
 _LOW32 = (1 << 32) - 1
