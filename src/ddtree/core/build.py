@@ -170,23 +170,63 @@ def vocab_topk(x2d: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x2d.topk(k, dim=-1)
 
 
+def _fused_topk_usable(x2d: torch.Tensor) -> bool:
+    """The fused Triton vocabulary step applies: CUDA, bf16/fp16, not disabled, probed once per device."""
+    if not x2d.is_cuda or x2d.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if os.environ.get("DDTREE_NO_FUSED_TOPK", "") in ("1", "true", "yes"):
+        return False
+    if not _triton_lse_usable(x2d.device):
+        return False
+    index = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
+    if index not in _FUSED_TOPK_OK:
+        if torch.cuda.is_current_stream_capturing():
+            return False  # never compile or check inside a capture
+        _FUSED_TOPK_OK[index] = _probe_fused_topk(torch.device("cuda", index))
+    return _FUSED_TOPK_OK[index]
+
+
+def _sorted_logq(
+    vals32: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Order a row's top-k (vals32, ids [R, k]) by the tie rule and subtract the row logsumexp lse [R]."""
+    order = _descending_key(vals32, ids).argsort(dim=-1, descending=True)  # [R, k]
+    vals32 = vals32.gather(1, order)
+    ids = ids.gather(1, order)
+    return vals32 - lse.unsqueeze(1), ids  # [R, k] x2
+
+
+def _vocab_step(x2d: torch.Tensor, k: int, *, fused: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x2d [R, V] -> (logq [R, k] float32 descending, ids [R, k] int64, bad 0-dim bool).
+
+    fused=True: the Triton radix-select kernel (bf16/fp16; exact top-k under the tie rule, row logsumexp
+    from the same kernel as `row_lse_and_min`); fused=False: logsumexp + torch top-k.
+    """
+    if fused:
+        from ddtree.core.triton_kernels import row_topk_lse
+
+        vals32, ids, lse, row_min = row_topk_lse(x2d, k)  # [R, k] x2, [R] x2
+        bad = ~(torch.isfinite(lse) & (row_min > float("-inf"))).all()
+    else:
+        lse, bad = _row_logsumexp(x2d)  # [R]
+        vals, ids = vocab_topk(x2d, k)  # [R, k] raw dtype, unordered among ties
+        vals32 = vals.float()
+    logq, ids = _sorted_logq(vals32, ids, lse)
+    return logq, ids, bad
+
+
 def depth_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-position top-k of log_softmax, in a deterministic order.
 
     Returns logq [B, D, k] float32 (descending), token ids [B, D, k] int64, and a 0-dim bool tensor that is
     True when the logits hold a non-finite value (checked by the caller, so no sync happens here).
     The top-k runs on the raw logits (any float dtype, no float copy); log_softmax = logit - logsumexp.
-    Among equal logits the smaller token id gets the smaller rank.
+    Among equal logits the smaller token id gets the smaller rank. Both builders call this, so they share
+    one vocabulary step (on CUDA with bf16/fp16 logits: the fused Triton kernel).
     """
     b, d, v = draft_logits.shape
     x2d = draft_logits.reshape(b * d, v)  # [R, V]
-    lse, bad = _row_logsumexp(x2d)  # [R]
-    vals, ids = vocab_topk(x2d, k)  # [R, k] raw dtype, unordered among ties
-    vals32 = vals.float()
-    order = _descending_key(vals32, ids).argsort(dim=-1, descending=True)  # [R, k]
-    vals32 = vals32.gather(1, order)
-    ids = ids.gather(1, order)
-    logq = vals32 - lse.unsqueeze(1)  # [R, k]
+    logq, ids, bad = _vocab_step(x2d, k, fused=_fused_topk_usable(x2d))
     return logq.reshape(b, d, k), ids.reshape(b, d, k), bad
 
 
@@ -507,6 +547,38 @@ def _beam_triton_checked(
         _TRITON_BEAM_STATE[key] = ok
         return got if ok else None
     return beam_search(logq, ids, js, rs, w)
+
+
+_FUSED_TOPK_OK: dict[int, bool] = {}
+
+
+def _probe_fused_topk(device: torch.device) -> bool:
+    """Check the fused vocabulary step once per device against an exact torch reference (ties included)."""
+    try:
+        from ddtree.core.triton_kernels import row_lse_and_min, row_topk_lse
+    except Exception:
+        return False
+    try:
+        gen = torch.Generator(device=device).manual_seed(0)
+        ok = True
+        for dtype in (torch.bfloat16, torch.float16):
+            x = torch.randn(6, 5003, device=device, generator=gen) * 4
+            x[::2] = x[::2].round()  # many exact ties, some straddling the k-th position
+            x = x.to(dtype)
+            k = 300
+            vals, ids, lse, row_min = row_topk_lse(x, k)
+            logq, ids = _sorted_logq(vals, ids, lse)
+            slot = torch.arange(x.shape[1], device=device).expand(x.shape[0], -1)
+            ref_ids = _descending_key(x.float(), slot).topk(k, dim=-1).indices  # [R, k] exact order
+            ref_lse, ref_min = row_lse_and_min(x)
+            ok &= torch.equal(ids, ref_ids) and torch.equal(logq, x.float().gather(1, ref_ids) - ref_lse[:, None])
+            ok &= torch.equal(lse, ref_lse) and torch.equal(row_min, ref_min)
+        if not ok:
+            warnings.warn("ddtree build_tree: fused Triton vocabulary step disagrees with torch; not used")
+        return bool(ok)
+    except Exception as exc:
+        warnings.warn(f"ddtree build_tree: fused Triton vocabulary step unavailable ({exc}); using torch")
+        return False
 
 
 def _probe_triton(device: torch.device) -> bool:

@@ -1,0 +1,158 @@
+"""Triton kernels of the tree builder: the fused vocabulary step and the one-program beam.
+
+Runs on CUDA when present (the real kernels), else on CPU under the Triton interpreter when
+TRITON_INTERPRET=1 is set (small V, few rows), else skips (CI has no triton).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from ddtree.core import build
+from ddtree.core.build import _beam_torch, _candidate_pairs, _descending_key, _vocab_step, build_tree
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+ON_CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
+DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
+
+pytestmark = pytest.mark.skipif(
+    not HAS_TRITON or not (ON_CUDA or INTERPRET), reason="needs triton and CUDA, or TRITON_INTERPRET=1"
+)
+FUSED_DTYPES = (torch.bfloat16, torch.float16)
+FIELDS = ("token_ids", "parents", "depths", "node_logws", "num_nodes")
+
+
+def exact_reference(x: torch.Tensor, k: int, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of x [R, V] under the tie rule from a full key over the row: (logq [R, k], ids [R, k])."""
+    slot = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+    ids = _descending_key(x.float(), slot).topk(k, dim=-1).indices  # [R, k], all keys distinct
+    return x.float().gather(1, ids) - lse.unsqueeze(1), ids
+
+
+def tied_logits(rows: int, vocab: int, levels: float, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Logits rounded to a few distinct values: long runs of exact ties, some across the k-th position."""
+    gen = torch.Generator().manual_seed(seed)
+    return ((torch.randn((rows, vocab), generator=gen) * levels).round() / 2).to(dtype).to(DEVICE)
+
+
+@pytest.fixture(autouse=True)
+def triton_lse_in_torch_step(monkeypatch) -> None:
+    """The torch step on CUDA takes its logsumexp from `row_lse_and_min`; do the same under the interpreter."""
+    if ON_CUDA:
+        return
+    from ddtree.core.triton_kernels import row_lse_and_min
+
+    def lse_and_bad(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lse, row_min = row_lse_and_min(x2d)
+        return lse, ~(torch.isfinite(lse) & (row_min > float("-inf"))).all()
+
+    monkeypatch.setattr(build, "_row_logsumexp", lse_and_bad)
+
+
+def distinct_logits(rows: int, vocab: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Every row a permutation of distinct values exact in bf16/fp16 (no ties: torch top-k is unambiguous)."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.stack([torch.randperm(vocab, generator=gen) for _ in range(rows)])  # [R, V]
+    return ((perm - vocab // 2).float() / 8).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+@pytest.mark.parametrize("vocab, k", [(64, 64), (200, 1), (256, 37), (512, 64)])
+def test_fused_step_equals_torch_step_without_ties(dtype: torch.dtype, vocab: int, k: int) -> None:
+    x = distinct_logits(3, vocab, dtype, seed=vocab + k)
+    got = _vocab_step(x, k, fused=True)
+    ref = _vocab_step(x, k, fused=False)
+    for a, b in zip(got, ref):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert torch.equal(got[0].view(torch.int32), ref[0].view(torch.int32)), "bit-identical logq"
+
+
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+@pytest.mark.parametrize("vocab, k, levels", [(64, 20, 1.0), (300, 40, 2.0), (512, 64, 0.5), (97, 97, 1.0)])
+def test_fused_step_is_exact_with_ties(dtype: torch.dtype, vocab: int, k: int, levels: float) -> None:
+    x = tied_logits(4, vocab, levels, dtype, seed=k)
+    x[0, :7] = -0.0  # -0.0 ties with +0.0 (same value), smaller id first
+    x[0, 7:9] = 0.0
+    logq, ids, bad = _vocab_step(x, k, fused=True)
+    _, _, torch_bad = _vocab_step(x, k, fused=False)
+    lse = build._row_logsumexp(x)[0]  # [R] the torch step's lse
+    ref_logq, ref_ids = exact_reference(x, k, lse)
+    assert torch.equal(ids, ref_ids)
+    assert torch.equal(logq, ref_logq)
+    assert not bool(bad) and not bool(torch_bad)
+    kth = x.float().gather(1, ref_ids[:, -1:])
+    assert ((x.float() == kth).sum(1) > 1).any(), "the case really has ties at the k-th position"
+
+
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+@pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), float("-inf")])
+def test_fused_step_flags_non_finite(dtype: torch.dtype, bad_value: float) -> None:
+    x = tied_logits(3, 128, 2.0, dtype, seed=1)
+    assert not bool(_vocab_step(x, 16, fused=True)[2])
+    x[1, 77] = bad_value
+    assert bool(_vocab_step(x, 16, fused=True)[2])
+
+
+def test_fused_lse_is_the_row_lse_kernel() -> None:
+    from ddtree.core.triton_kernels import row_lse_and_min, row_topk_lse
+
+    x = tied_logits(5, 300, 3.0, torch.bfloat16, seed=4)
+    _, _, lse, row_min = row_topk_lse(x, 10)
+    ref_lse, ref_min = row_lse_and_min(x)
+    assert torch.equal(lse, ref_lse) and torch.equal(row_min, ref_min)
+    torch.testing.assert_close(lse, torch.logsumexp(x.float(), -1), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("bad_k", [0, 301, 2.0])
+def test_fused_step_rejects_bad_k(bad_k) -> None:
+    from ddtree.core.triton_kernels import row_topk_lse
+
+    with pytest.raises(ValueError, match="k must"):
+        row_topk_lse(tied_logits(2, 300, 1.0, torch.bfloat16, seed=0), bad_k)
+    with pytest.raises(ValueError, match="x must"):
+        row_topk_lse(torch.zeros((2, 300), device=DEVICE), 4)
+
+
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+@pytest.mark.parametrize("budget", [5, 40])
+def test_heap_equals_batched_on_the_fused_step(monkeypatch, dtype: torch.dtype, budget: int) -> None:
+    # force the fused step on this device (CPU under the interpreter too): both builders then use it
+    monkeypatch.setattr(build, "_fused_topk_usable", lambda x2d: x2d.dtype in FUSED_DTYPES)
+    for x in (tied_logits(2 * 4, 150, 1.0, dtype, seed=9), distinct_logits(2 * 4, 150, dtype, seed=9)):
+        logits = x.view(2, 4, 150)
+        heap = build_tree(logits, budget, method="heap")
+        batched = build_tree(logits, budget, method="batched")
+        for f in FIELDS:
+            assert torch.equal(getattr(heap, f), getattr(batched, f)), f
+
+
+# ---------------------------------------------------------------- one-program beam
+
+
+def beam_inputs(b: int, d: int, k: int, ties: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted per-depth top-k like depth_topk gives: logq [B, D, k] descending, ids [B, D, k]."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn((b * d, 4 * k), generator=gen) * 2
+    if ties:
+        x = x.round()
+    logq, ids, _ = _vocab_step(x, k, fused=False)
+    return logq.view(b, d, k).to(DEVICE), ids.view(b, d, k).to(DEVICE)
+
+
+@pytest.mark.parametrize("width", [8, 64, 128, 256])
+@pytest.mark.parametrize("ties", [False, True])
+def test_triton_beam_equals_torch_beam(width: int, ties: bool) -> None:
+    from ddtree.core.triton_kernels import beam_search
+
+    d = 3 if not ON_CUDA else 15
+    logq, ids = beam_inputs(2, d, width, ties, seed=width)
+    js, rs, pair_low = _candidate_pairs(width, width, DEVICE)
+    got = beam_search(logq, ids, js, rs, width)
+    ref = _beam_torch(logq, ids, js, rs, pair_low, width)
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
