@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -103,6 +104,18 @@ def _triton_usable(device: torch.device) -> bool:
     from ddtree.core.build import _triton_lse_usable
 
     return _triton_lse_usable(device)
+
+
+def _fused_topk_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    from ddtree.core.build import _fused_topk_usable as usable
+
+    return bool(device.type == "cuda" and usable(torch.empty((1, 1), dtype=dtype, device=device)))
+
+
+def _triton_beam_max_width() -> int:
+    from ddtree.core.build import _triton_beam_max_width as width
+
+    return width()
 
 
 def _load_verify():
@@ -206,6 +219,11 @@ def breakdown(batch: int, budget: int, *, vocab: int, depth: int, device: torch.
     if device.type == "cuda":
         chunks = B._pick_topk_chunks(x2d, k)
         out[f"vocab_topk (chosen: {chunks} chunks)"] = t(lambda: B.vocab_topk(x2d, k))
+    if device.type == "cuda" and B._fused_topk_usable(x2d):
+        from ddtree.core.triton_kernels import row_topk_lse
+
+        out["fused row top-k + lse (triton radix select)"] = t(lambda: row_topk_lse(x2d, k))
+        out["vocab step, torch path (lse + topk + sort)"] = t(lambda: B._vocab_step(x2d, k, fused=False))
     out["depth_topk (vocab step)"] = t(lambda: B.depth_topk(logits, k))
     logq, ids, _ = B.depth_topk(logits, k)
     js, rs, low = B._candidate_pairs(budget, k, device)
@@ -279,6 +297,8 @@ def run(args: argparse.Namespace) -> int:
         "repeats": repeats,
         "warmup": warmup,
         "triton_lse": bool(device.type == "cuda" and _triton_usable(device)),
+        "fused_topk": _fused_topk_usable(device, dtype),
+        "triton_beam_max_width": _triton_beam_max_width(),
         "verify": "skipped" if args.no_verify else ("ok" if verify else "n/a (ddtree.core.verify not importable)"),
     }
     rows = []
@@ -286,10 +306,15 @@ def run(args: argparse.Namespace) -> int:
         for budget in args.budgets:
             rows.append(bench_cell(batch, budget, vocab=args.vocab, depth=args.depth, device=device, dtype=dtype,
                                    repeats=repeats, warmup=warmup, seed=args.seed, verify=verify, check=args.check))
+            # progress on stderr, so a run cut short by a time limit still shows its finished cells
+            print(f"cell B={batch} budget={budget}: " + ", ".join(
+                f"{key}={rows[-1][key]:.3f}" for key in ("heap_ms", "batched_ms", "auto_ms") if key in rows[-1]
+            ) + f", agree={rows[-1].get('agree', 'n/a')}", file=sys.stderr, flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print(f"ddtree bench core: {setup['device_name']}, torch {setup['torch']}, logits {dtype_name}, "
-          f"V={args.vocab}, D={args.depth}, triton lse: {setup['triton_lse']}, median of {repeats} "
+          f"V={args.vocab}, D={args.depth}, triton lse: {setup['triton_lse']}, fused top-k: {setup['fused_topk']}, "
+          f"triton beam <= {setup['triton_beam_max_width']}, median of {repeats} "
           f"(warmup {warmup}), verify: {setup['verify']}")
     print(format_table(rows), flush=True)
     result = {"setup": setup, "rows": rows}

@@ -504,11 +504,18 @@ def _triton_lse_usable(device: torch.device) -> bool:
     return _TRITON_OK[index]
 
 
-# The kernel unrolls its depth loop around an in-register bitonic top-k over the candidate keys. It was
-# checked and timed on an H200 for widths <= 64 (<= 512 padded candidates); at width 128 / 256 its compile
-# time (14 unrolled bitonic sorts of 1024 / 2048 int64 keys) ran past a 7-minute benchmark limit, so wider
-# beams use the torch beam (inside the same CUDA graph). See benchmarks/NOTES-core.md.
-_TRITON_BEAM_MAX_WIDTH = 64
+# The kernel runs the whole per-depth beam of one request in one program, with an in-register bitonic
+# top-k over the candidate keys. Widths <= 64 unroll the depth loop (checked and timed on an H200); wider
+# beams (up to 256: <= 2048 padded int64 candidates) use a runtime depth loop, because 14 unrolled sorts of
+# 1024 / 2048 keys compiled for minutes (benchmarks/NOTES-core.md). DDTREE_TRITON_BEAM_MAX_WIDTH lowers the
+# limit (e.g. 64 to return widths 128 / 256 to the torch beam). Every shape is still checked against the
+# torch beam on its first call.
+def _triton_beam_max_width() -> int:
+    value = os.environ.get("DDTREE_TRITON_BEAM_MAX_WIDTH", "")
+    return int(value) if value.strip() else _TRITON_BEAM_MAX_WIDTH
+
+
+_TRITON_BEAM_MAX_WIDTH = 256
 _TRITON_BEAM_STATE: dict[tuple, bool] = {}  # (device, D, k, width) -> checked against the torch beam
 
 
@@ -522,7 +529,7 @@ def _beam_triton_checked(
     """
     if os.environ.get("DDTREE_NO_TRITON_BEAM", "") in ("1", "true", "yes"):
         return None
-    if w > _TRITON_BEAM_MAX_WIDTH or not _triton_lse_usable(logq.device):
+    if w > _triton_beam_max_width() or not _triton_lse_usable(logq.device):
         return None
     b, d, k = logq.shape
     key = (logq.device.index, d, k, w)

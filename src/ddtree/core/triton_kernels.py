@@ -254,6 +254,32 @@ _LOW32 = (1 << 32) - 1
 
 
 @triton.jit
+def _beam_depth(d, lq, ids, ol, ot, op, jj, rr, low, m_mask, w_offs, w_mask, K: tl.constexpr, W: tl.constexpr,
+                W_PAD: tl.constexpr):
+    """One depth of the beam: best W of the candidates (parent jj, rank rr), same keys as the torch loop."""
+    tl.debug_barrier()  # the previous depth's beam was stored by other threads of this program
+    cand = tl.load(ol + (d - 1) * W + jj, mask=m_mask, other=float("-inf")) + tl.load(
+        lq + d * K + rr, mask=m_mask, other=float("-inf")
+    )
+    cand = tl.where(cand == 0.0, 0.0, cand)  # fold -0.0 onto +0.0
+    bits = cand.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    key = (ordered.to(tl.int64) << 32) + low
+    key = tl.where(m_mask, key, -9223372036854775807 - 1)
+    top = tl.topk(key, W_PAD)  # [W_PAD] descending
+    flat = 4294967295 - (top & 4294967295)
+    j = flat // K
+    r = flat % K
+    r = tl.where(w_mask, r, 0)
+    j = tl.where(w_mask, j, 0)
+    # recompute the same float32 add as above (bit-identical), rather than decoding the key
+    logw = tl.load(ol + (d - 1) * W + j) + tl.load(lq + d * K + r)
+    tl.store(ol + d * W + w_offs, logw, mask=w_mask)
+    tl.store(ot + d * W + w_offs, tl.load(ids + d * K + r), mask=w_mask)
+    tl.store(op + d * W + w_offs, j, mask=w_mask)
+
+
+@triton.jit
 def _beam_kernel(
     logq_ptr,  # [B, D, K] float32, each row sorted descending
     ids_ptr,  # [B, D, K] int64
@@ -268,6 +294,7 @@ def _beam_kernel(
     M: tl.constexpr,
     W_PAD: tl.constexpr,
     M_PAD: tl.constexpr,
+    UNROLL: tl.constexpr,  # unroll the depth loop (measured for W <= 64); a runtime loop keeps compile time bounded
 ):
     """The per-depth beam of one request, all depths in one program (same keys as the torch loop)."""
     b = tl.program_id(0).to(tl.int64)
@@ -287,27 +314,16 @@ def _beam_kernel(
     jj = tl.load(js_ptr + m_offs, mask=m_mask, other=0)
     rr = tl.load(rs_ptr + m_offs, mask=m_mask, other=0)
     low = 4294967295 - (jj * K + rr)  # smaller candidate number wins ties
-    for d in tl.static_range(1, D):
-        tl.debug_barrier()  # the previous depth's beam was stored by other threads of this program
-        cand = tl.load(ol + (d - 1) * W + jj, mask=m_mask, other=float("-inf")) + tl.load(
-            lq + d * K + rr, mask=m_mask, other=float("-inf")
-        )
-        cand = tl.where(cand == 0.0, 0.0, cand)  # fold -0.0 onto +0.0
-        bits = cand.to(tl.int32, bitcast=True)
-        ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-        key = (ordered.to(tl.int64) << 32) + low
-        key = tl.where(m_mask, key, -9223372036854775807 - 1)
-        top = tl.topk(key, W_PAD)  # [W_PAD] descending
-        flat = 4294967295 - (top & 4294967295)
-        j = flat // K
-        r = flat % K
-        r = tl.where(w_mask, r, 0)
-        j = tl.where(w_mask, j, 0)
-        # recompute the same float32 add as above (bit-identical), rather than decoding the key
-        logw = tl.load(ol + (d - 1) * W + j) + tl.load(lq + d * K + r)
-        tl.store(ol + d * W + w_offs, logw, mask=w_mask)
-        tl.store(ot + d * W + w_offs, tl.load(ids + d * K + r), mask=w_mask)
-        tl.store(op + d * W + w_offs, j, mask=w_mask)
+    if UNROLL:
+        for d in tl.static_range(1, D):
+            _beam_depth(d, lq, ids, ol, ot, op, jj, rr, low, m_mask, w_offs, w_mask, K, W, W_PAD)
+    else:
+        for d in range(1, D):
+            _beam_depth(d, lq, ids, ol, ot, op, jj, rr, low, m_mask, w_offs, w_mask, K, W, W_PAD)
+
+
+# widths up to this unroll the depth loop (the configuration measured on an H200); wider ones loop at runtime
+BEAM_UNROLL_MAX_WIDTH = 64
 
 
 def beam_search(
@@ -315,8 +331,9 @@ def beam_search(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton twin of build._beam_torch: logq/ids [B, D, K] -> beam logw/token/parent [B, D, W].
 
-    The depth loop is unrolled (static_range): compile time grows with D and the padded candidate count, so
-    build.py only calls this for widths <= 64 (the range checked on an H200).
+    Widths <= BEAM_UNROLL_MAX_WIDTH unroll the depth loop (static_range, measured on an H200); wider beams
+    use a runtime depth loop so that compile time does not grow with D (14 unrolled bitonic sorts of 1024 /
+    2048 int64 keys compiled for minutes).
     """
     b, d, k = logq.shape
     m = js.numel()
@@ -329,6 +346,6 @@ def beam_search(
     _beam_kernel[(b,)](
         logq, ids, js, rs, out_logw, out_tok, out_par,
         D=d, K=k, W=width, M=m, W_PAD=triton.next_power_of_2(width), M_PAD=m_pad,
-        num_warps=8 if m_pad >= 2048 else 4,
+        UNROLL=width <= BEAM_UNROLL_MAX_WIDTH, num_warps=8 if m_pad >= 2048 else 4,
     )
     return out_logw, out_tok, out_par
