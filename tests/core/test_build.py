@@ -229,3 +229,40 @@ def test_chunked_topk_is_exact(chunks: int) -> None:
     assert torch.equal(vals.sort(-1).values, ref_vals.sort(-1).values)
     assert torch.equal(x.gather(1, ids), vals)
     assert (ids.sort(-1).values.diff(dim=-1) > 0).all(), "distinct ids"
+
+
+# ---------------------------------------------------------------- CUDA (skipped without a GPU)
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _cpu_tree(tree: DDTreeBuildResult) -> DDTreeBuildResult:
+    return DDTreeBuildResult(*(getattr(tree, f).cpu() for f in FIELDS))
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("budget", [32, 128, 256])
+def test_cuda_heap_equals_batched_graph_eager_and_auto(monkeypatch, dtype: torch.dtype, budget: int) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(budget)
+    logits = torch.randn((3, 15, 20000), generator=gen, device="cuda") * 3  # [B, D, V]
+    logits[1] = logits[1].round()  # many exact ties inside each row, also at the k-th position
+    logits = logits.to(dtype)
+    heap = build_tree(logits, budget, method="heap")
+    assert heap.device.type == "cuda"
+    for method in ("batched", "auto"):
+        assert_same_tree(heap, build_tree(logits, budget, method=method))
+    monkeypatch.setenv("DDTREE_NO_CUDA_GRAPH", "1")
+    assert_same_tree(heap, build_tree(logits, budget, method="batched"))
+    assert_invariants(_cpu_tree(heap), logits.cpu(), budget)
+
+
+@CUDA
+@pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("method", ["heap", "batched"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_non_finite_logits_raise(bad_value: float, method: str, dtype: torch.dtype) -> None:
+    logits = torch.randn(2, 3, 4000, device="cuda")
+    logits[1, 2, 3001] = bad_value
+    with pytest.raises(ValueError, match="draft_logits"):
+        build_tree(logits.to(dtype), 16, method=method)

@@ -156,3 +156,28 @@ def test_triton_beam_equals_torch_beam(width: int, ties: bool) -> None:
     ref = _beam_torch(logq, ids, js, rs, pair_low, width)
     for a, b in zip(got, ref):
         assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------- the real GPU paths are switched on
+
+cuda_only = pytest.mark.skipif(not ON_CUDA, reason="the probes only run on CUDA")
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+def test_fused_step_is_enabled_on_cuda(dtype: torch.dtype) -> None:
+    assert build._fused_topk_usable(torch.zeros((2, 8), dtype=dtype, device="cuda")), "probe failed: see warnings"
+    assert not build._fused_topk_usable(torch.zeros((2, 8), device="cuda")), "float32 keeps the torch step"
+
+
+@cuda_only
+@pytest.mark.parametrize("budget", [32, 128, 256])
+def test_triton_beam_is_used_on_cuda(budget: int) -> None:
+    if budget > build._triton_beam_max_width():
+        pytest.skip(f"DDTREE_TRITON_BEAM_MAX_WIDTH={build._triton_beam_max_width()}")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    logits = (torch.randn((2, 15, 4096), generator=gen, device="cuda") * 3).to(torch.bfloat16)
+    logq, ids, _ = build.depth_topk(logits, budget)
+    js, rs, low = _candidate_pairs(budget, budget, DEVICE)
+    got = build._beam_triton_checked(logq, ids, js, rs, low, budget)
+    assert got is not None, "Triton beam failed or disagreed with the torch beam: see warnings"
