@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Tree-build check on one GPU (issue 2's build target): fused Triton vocabulary step + Triton beam up to 256.
+#
+#   PYTHONPATH=/tmp/site:src OUT=/some/dir benchmarks/gpu_build_check.sh          # H200, < 4 minutes
+#   PYTHONPATH=/tmp/tritonlib:src benchmarks/gpu_build_check.sh --smoke            # CPU, Triton interpreter
+#
+# Steps (each under its own time limit; the script goes on after a failure and exits 1 if any step failed):
+#   1. compile check: first-call (compile) time of the fused step and of the Triton beam at each width, and
+#      beam == torch beam. The widest beam that compiled and agreed is used below; if the wider ones fail or
+#      time out, DDTREE_TRITON_BEAM_MAX_WIDTH is lowered so that those widths use the torch beam.
+#   2. pytest tests/core/test_build.py tests/core/test_triton_kernels.py (their CUDA tests run on CUDA).
+#   3. ddtree bench core --check over B 1,8,64 x budget 32,128,256 (no verify) + breakdown at 64,128,
+#      JSON in $OUT/build_check.json. Logs of every step in $OUT/*.log.
+set -u
+cd "$(dirname "$0")/.."
+SMOKE=0
+if [ "${1:-}" = "--smoke" ]; then SMOKE=1; fi
+OUT=${OUT:-/tmp/ddtree_build_check}
+mkdir -p "$OUT"
+export PYTHONPATH=${PYTHONPATH:-/tmp/site:src}
+export SMOKE OUT
+if [ "$SMOKE" = 1 ]; then
+    export TRITON_INTERPRET=1
+    PY="nice -n 19 python3"
+    LIMITS=(120 240 120)
+else
+    PY="python3"
+    LIMITS=(60 80 90)
+fi
+status=0
+
+step() {  # step NAME LIMIT_S CMD...: run with a time limit, log to $OUT/NAME.log, print rc and seconds
+    local name=$1 limit=$2 start rc
+    shift 2
+    echo "=== $name (limit ${limit} s): $*"
+    start=$(date +%s)
+    timeout -k 5 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    rc=${PIPESTATUS[0]}
+    echo "=== $name: rc=$rc after $(( $(date +%s) - start )) s"
+    [ "$rc" -eq 0 ] || status=1
+    return 0
+}
+
+echo "=== $(date -u +%FT%TZ) smoke=$SMOKE PYTHONPATH=$PYTHONPATH OUT=$OUT"
+$PY -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+$PY -c "import triton; print('triton', triton.__version__)" || echo "triton not importable"
+
+# ---- 1. compile time and agreement of the kernels, one width at a time -------------------------------
+rm -f "$OUT/beam_ok_width"
+step compile_check "${LIMITS[0]}" $PY - <<'PY'
+import os
+import time
+
+import torch
+
+from ddtree.core import build
+from ddtree.core.triton_kernels import beam_search, row_topk_lse
+
+smoke = os.environ["SMOKE"] == "1"
+dev = torch.device("cpu" if smoke else "cuda")
+b, d, v = (2, 3, 512) if smoke else (64, 15, 151_936)
+widths = (8, 32) if smoke else (32, 64, 128, 256)
+gen = torch.Generator(device=dev).manual_seed(0)
+x = (torch.randn((b * d, v), generator=gen, device=dev) * 3).to(torch.bfloat16)  # [R, V]
+
+
+def first_call(name, fn):
+    start = time.perf_counter()
+    out = fn()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    print(f"{name}: first call (compile + run) {time.perf_counter() - start:.1f} s", flush=True)
+    return out
+
+
+for w in widths:
+    vals, ids, lse, _ = first_call(f"row_topk_lse k={w}", lambda: row_topk_lse(x, w))
+    logq, ids = build._sorted_logq(vals, ids, lse)
+    slot = torch.arange(v, device=dev).expand(b * d, -1)
+    ref_ids = build._descending_key(x.float(), slot).topk(w, dim=-1).indices
+    print(f"  fused top-k == exact reference: {torch.equal(ids, ref_ids)}", flush=True)
+    logq, ids = logq.view(b, d, w), ids.view(b, d, w)
+    js, rs, low = build._candidate_pairs(w, w, dev)
+    got = first_call(f"beam_search width={w} ({js.numel()} candidates)", lambda: beam_search(logq, ids, js, rs, w))
+    same = all(torch.equal(p, q) for p, q in zip(got, build._beam_torch(logq, ids, js, rs, low, w)))
+    print(f"  triton beam == torch beam: {same}", flush=True)
+    if not same or not torch.equal(ids.view(b * d, w), ref_ids):
+        raise SystemExit(1)
+    with open(os.path.join(os.environ["OUT"], "beam_ok_width"), "w") as f:
+        f.write(str(w))
+PY
+ok_width=$(cat "$OUT/beam_ok_width" 2>/dev/null || echo 0)
+if [ "$SMOKE" = 0 ] && [ "$ok_width" -lt 256 ]; then
+    export DDTREE_TRITON_BEAM_MAX_WIDTH=$(( ok_width > 64 ? ok_width : 64 ))
+    echo "=== Triton beam checked only up to width $ok_width: DDTREE_TRITON_BEAM_MAX_WIDTH=$DDTREE_TRITON_BEAM_MAX_WIDTH"
+fi
+
+# ---- 2. tests ------------------------------------------------------------------------------------------
+step pytest "${LIMITS[1]}" $PY -m pytest -q -rs tests/core/test_build.py tests/core/test_triton_kernels.py
+
+# ---- 3. benchmark table ----------------------------------------------------------------------------------
+if [ "$SMOKE" = 1 ]; then
+    step bench "${LIMITS[2]}" $PY -m ddtree.cli bench core --device cpu --vocab 512 --batch-sizes 1,2 \
+        --budgets 8,32 --no-verify --check --breakdown 2,32 --repeats 1 --warmup 0 --json-out "$OUT/build_check.json"
+else
+    step bench "${LIMITS[2]}" $PY -m ddtree.cli bench core --check --batch-sizes 1,8,64 --budgets 32,128,256 \
+        --no-verify --breakdown 64,128 --json-out "$OUT/build_check.json"
+fi
+echo "=== done $(date -u +%FT%TZ): status=$status (0 = every step passed)"
+exit $status
