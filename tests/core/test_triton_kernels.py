@@ -108,6 +108,22 @@ def test_fused_lse_is_the_row_lse_kernel() -> None:
     torch.testing.assert_close(lse, torch.logsumexp(x.float(), -1), rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+@pytest.mark.parametrize("vocab, k", [(1000, 50), (777, 1), (1024, 256)])
+def test_fused_topk_split_rows_with_ties(dtype: torch.dtype, vocab: int, k: int) -> None:
+    # a small block splits each row over several programs: per-split offsets must line up exactly
+    from ddtree.core.triton_kernels import _split_geometry, row_lse_and_min, row_topk_lse
+
+    assert _split_geometry(3, vocab, 64)[0] > 1
+    x = tied_logits(3, vocab, 1.5, dtype, seed=vocab)
+    vals, ids, lse, row_min = row_topk_lse(x, k, block=64, compact_block=32)
+    logq, ids = build._sorted_logq(vals, ids, lse)
+    ref_lse, ref_min = row_lse_and_min(x, block=64)
+    ref_logq, ref_ids = exact_reference(x, k, ref_lse)
+    assert torch.equal(ids, ref_ids) and torch.equal(logq, ref_logq)
+    assert torch.equal(lse, ref_lse) and torch.equal(row_min, ref_min)
+
+
 @pytest.mark.parametrize("bad_k", [0, 301, 2.0])
 def test_fused_step_rejects_bad_k(bad_k) -> None:
     from ddtree.core.triton_kernels import row_topk_lse

@@ -157,38 +157,52 @@ def _compact_kernel(
     x_ptr,
     thr_ptr,  # [R] int32: the k-th largest key T
     ngt_ptr,  # [R] int32: how many keys of the row are > T (< k)
+    gt_off_ptr,  # [R, S] int32: keys > T in the row's earlier splits
+    eq_off_ptr,  # [R, S] int32: keys == T in the row's earlier splits
     val_ptr,  # [R, K] float32 out
     id_ptr,  # [R, K] int64 out
     V,
     stride_row,
     K,
+    num_splits,
+    SPLIT_LEN: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Writes the row's keys > T (in id order) then the first K - ngt keys == T (smallest ids first)."""
+    """Writes the row's keys > T (in id order) then the first K - ngt keys == T (smallest ids first).
+
+    One program per (row, split); the split's output offsets come from the per-split histograms.
+    """
     row = tl.program_id(0)
+    split = tl.program_id(1)
     base = x_ptr + row.to(tl.int64) * stride_row
     out = row.to(tl.int64) * K
+    rs = row * num_splits + split
     thr = tl.load(thr_ptr + row)
     n_gt_total = tl.load(ngt_ptr + row)
     need = K - n_gt_total
+    n_gt = tl.load(gt_off_ptr + rs)  # running offsets (int32 scalars)
+    n_eq = tl.load(eq_off_ptr + rs)
+    start = split * SPLIT_LEN
+    stop = tl.minimum(start + SPLIT_LEN, V)
     offs = tl.arange(0, BLOCK)
-    n_gt = n_gt_total * 0  # running offsets (int32 scalars)
-    n_eq = n_gt_total * 0
-    for s in range(0, V, BLOCK):
-        idx = s + offs
-        msk = idx < V
+    for s in range(0, SPLIT_LEN, BLOCK):
+        idx = start + s + offs
+        msk = idx < stop
         raw = tl.load(base + idx, mask=msk, other=0.0)
         key = _order_key16(raw)
         gt = msk & (key > thr)
         eq = msk & (key == thr)
-        pos_gt = n_gt + tl.cumsum(gt.to(tl.int32), 0) - 1
-        pos_eq = n_eq + tl.cumsum(eq.to(tl.int32), 0) - 1
-        slot = tl.where(gt, pos_gt, n_gt_total + pos_eq)
-        keep = gt | (eq & (pos_eq < need))
-        tl.store(val_ptr + out + slot, raw.to(tl.float32), mask=keep)
-        tl.store(id_ptr + out + slot, idx.to(tl.int64), mask=keep)
-        n_gt += tl.sum(gt.to(tl.int32), 0)
-        n_eq += tl.sum(eq.to(tl.int32), 0)
+        num_gt = tl.sum(gt.to(tl.int32), 0)
+        num_eq = tl.sum(eq.to(tl.int32), 0)
+        if num_gt + num_eq > 0:  # most blocks hold no candidate: skip the scans and stores
+            pos_gt = n_gt + tl.cumsum(gt.to(tl.int32), 0) - 1
+            pos_eq = n_eq + tl.cumsum(eq.to(tl.int32), 0) - 1
+            slot = tl.where(gt, pos_gt, n_gt_total + pos_eq)
+            keep = gt | (eq & (pos_eq < need))
+            tl.store(val_ptr + out + slot, raw.to(tl.float32), mask=keep)
+            tl.store(id_ptr + out + slot, idx.to(tl.int64), mask=keep)
+        n_gt += num_gt
+        n_eq += num_eq
 
 
 def _select_bin(hist: torch.Tensor, rank: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,8 +227,9 @@ def row_topk_lse(
     Returns (values [R, k] float32, ids [R, k] int64, logsumexp [R] float32, min [R] float32). The (value,
     id) pairs are exactly the row's k best under "larger value first, then smaller id" (-0.0 == +0.0);
     they come grouped (keys above the k-th, then ties), not sorted. logsumexp and min are bit-identical to
-    `row_lse_and_min` (same kernel, same splits). Three streaming reads of x, no [R, V] temporary:
-    statistics + high-byte histogram, low-byte histogram inside the chosen bin, compaction.
+    `row_lse_and_min` (same kernel, same splits). Three streaming reads of x, each split over (row, split)
+    programs, no [R, V] temporary: statistics + high-byte histogram, low-byte histogram inside the chosen
+    bin, compaction (offsets per split from the histograms).
     """
     if x.dim() != 2:
         raise ValueError(f"x must have rank 2, got shape {tuple(x.shape)}")
@@ -229,24 +244,33 @@ def row_topk_lse(
     part_max = torch.empty((rows, splits), dtype=torch.float32, device=x.device)  # [R, S]
     part_sum = torch.empty_like(part_max)
     part_min = torch.empty_like(part_max)
-    hist = torch.empty((rows, splits, 256), dtype=torch.int32, device=x.device)  # [R, S, 256]
+    hist_hi = torch.empty((rows, splits, 256), dtype=torch.int32, device=x.device)  # [R, S, 256]
     _split_stats_kernel[(rows, splits)](
-        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, hist,
+        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, hist_hi,
         SPLIT_LEN=split_len, BLOCK=block, HIST=True, num_warps=8,
     )
     lse, row_min = _merge_stats(part_max, part_sum, part_min)
     rank = torch.full((rows,), k, dtype=torch.int64, device=x.device)  # [R]
-    hi, above_hi = _select_bin(hist.sum(1), rank)
-    hi32 = hi.to(torch.int32)
+    hi, above_hi = _select_bin(hist_hi.sum(1), rank)
+    hist_lo = torch.empty_like(hist_hi)  # [R, S, 256]
     _low_hist_kernel[(rows, splits)](
-        x, hi32, hist, vocab, x.stride(0), splits, SPLIT_LEN=split_len, BLOCK=block, num_warps=8
+        x, hi.to(torch.int32), hist_lo, vocab, x.stride(0), splits, SPLIT_LEN=split_len, BLOCK=block, num_warps=8
     )
-    lo, above_lo = _select_bin(hist.sum(1), rank - above_hi)
+    lo, above_lo = _select_bin(hist_lo.sum(1), rank - above_hi)
     thr = (hi * 256 + lo).to(torch.int32)  # [R] the k-th largest key
     n_gt = (above_hi + above_lo).to(torch.int32)  # [R] keys strictly above it (< k)
+    # per-split counts of keys > T and == T, from the histograms -> each split's output offsets
+    byte = torch.arange(256, device=x.device)  # [256]
+    split_gt = (hist_hi * (byte > hi[:, None, None])).sum(-1) + (hist_lo * (byte > lo[:, None, None])).sum(-1)
+    split_eq = hist_lo.gather(2, lo.view(rows, 1, 1).expand(rows, splits, 1)).squeeze(2)  # [R, S]
+    gt_off = (split_gt.cumsum(1) - split_gt).to(torch.int32)  # [R, S] exclusive prefix sums
+    eq_off = (split_eq.cumsum(1) - split_eq).to(torch.int32)
     vals = torch.empty((rows, k), dtype=torch.float32, device=x.device)  # [R, k]
     ids = torch.empty((rows, k), dtype=torch.int64, device=x.device)
-    _compact_kernel[(rows,)](x, thr, n_gt, vals, ids, vocab, x.stride(0), k, BLOCK=compact_block, num_warps=4)
+    _compact_kernel[(rows, splits)](
+        x, thr, n_gt, gt_off, eq_off, vals, ids, vocab, x.stride(0), k, splits,
+        SPLIT_LEN=split_len, BLOCK=compact_block, num_warps=4,
+    )
     return vals, ids, lse, row_min
 
 
