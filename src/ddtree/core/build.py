@@ -6,10 +6,11 @@ return identical trees (same nodes, same numbering, bit-identical logws):
 * ``heap``: the published per-request best-first heap (host side, Python ``heapq``).
 * ``batched``: a per-depth beam of width ``budget`` followed by a global top-``budget``, all tensor ops,
   no host round-trip, batched over requests. On CUDA it is captured once per shape in a CUDA graph and
-  replayed; there the row logsumexp comes from a Triton kernel that reads the logits once (no float copy),
-  the vocabulary top-k is a two-stage chunked top-k when that measured faster (picked once per shape), and
-  the whole per-depth beam runs as one Triton program per request (checked once per shape against the
-  torch beam, which stays the eager reference and the CPU path).
+  replayed; there, for bf16/fp16 logits, the vocabulary step is one fused Triton radix select (row
+  logsumexp + exact top-k under the tie rule, three streaming reads, probed once per device against
+  torch; float32 logits keep the Triton logsumexp + torch / chunked top-k), and the whole per-depth beam
+  runs as one Triton program per request for widths <= 256 (checked once per shape against the torch
+  beam, which stays the eager reference and the CPU path).
 
 The order on prefixes (the tie rule): descending logw, then smaller depth, then - between two prefixes of
 one depth - the earlier parent (in this same order), then the smaller rank (rank r = the r-th most
@@ -74,6 +75,8 @@ def choose_method(batch: int, depth: int, vocab: int, budget: int, device: torch
     leave the one-program Triton beam for the torch beam, whose fixed cost then passes the heap's pops.
     CPU (and other devices) -> "heap": the vocabulary step dominates both builders, and the eager beam's
     extra tensor ops never paid for themselves on CPU (B 1..64, budget 16..256, V = 4096, one thread).
+    TODO(lead): re-measure with the fused vocabulary step and the Triton beam for widths 128 / 256
+    (benchmarks/gpu_build_check.sh); if batched then wins B = 1 / budget 256 as well, drop the heap cell.
     """
     device = torch.device(device)
     if device.type != "cuda":
