@@ -19,9 +19,11 @@ Sampling backends (`verify_sampling(..., backend=)`):
 - "torch": processes the logits in place in ONE fp32 [B, N, V] buffer (shift, temperature, top-k,
   exp; top-p adds a transient sort), reads each node's edge probability, then draws by inverse CDF
   (in-place cumsum + searchsorted). Runs everywhere; the reference.
-- "triton": temperature-only params (top_k <= 0, top_p == 1, T == 0 or T >= 0.05): one fused read of
-  the logits per row (exponential race + row logsumexp), no [B, N, V] float buffer at all. CUDA only
-  (or CPU under TRITON_INTERPRET=1); guarded by a probe against torch on first use.
+- "triton": temperature-only params (top_k <= 0, top_p == 1, T == 0 or T >= 0.05), no [B, N, V] float
+  buffer at all. Preferred: the lazy walk (ONE read of every row for lse of x / T and the row min, which
+  also replaces the finiteness pass; then one program per request draws picks only at the nodes it
+  visits). Fallbacks, each behind its own first-use probe: the inverse-CDF row sampler (2 reads), then
+  the exponential race (1 compute-heavy read). CUDA only (or CPU under TRITON_INTERPRET=1).
 - "sglang": SGLang's tree_speculative_sampling_target_only (zero draft probs, thresholds 1), fed by
   encode_retrieve; costs the probs buffer plus the kernel's zero draft-probs buffer.
 - "reference": the pure-torch reference of that kernel through the same adapter (tests, selfcheck).
@@ -56,6 +58,15 @@ def check_verify_inputs(tree: DDTreeBuildResult, target_logits: torch.Tensor) ->
     check_all_finite("target_logits", target_logits)
 
 
+def _check_verify_shapes(tree: DDTreeBuildResult, target_logits: torch.Tensor) -> None:
+    """check_verify_inputs without the finiteness read (the lazy walk folds it into its one read)."""
+    _check_tree(tree)
+    check_tensor("target_logits", target_logits, ndim=3, floating=True)
+    check_dim("target_logits", target_logits, 0, tree.batch_size, "the tree's batch size")
+    check_dim("target_logits", target_logits, 1, tree.num_columns, "the tree's column count N")
+    check_same_device("target_logits", target_logits, "tree", tree.token_ids)
+
+
 def resolve_max_depth(tree: DDTreeBuildResult, max_depth: int | None) -> int:
     """D for `accepted_nodes` [B, D + 1]: the explicit value, else the tree's deepest node."""
     if max_depth is None:
@@ -82,13 +93,19 @@ def edge_probs(tree: DDTreeBuildResult, probs: torch.Tensor, row_totals: torch.T
 
 
 def path_products(tree: DDTreeBuildResult, edge_values: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """[B, N] fp32: product of `edge_values` along the path from the root (root 1; deeper than D: 0)."""
+    """[B, N] fp32: product of `edge_values` along the path from the root (root 1; deeper than D: 0).
+
+    Pointer doubling: after k rounds each node holds the product over itself and its 2^k - 1 nearest
+    ancestors (the root, value 1, is its own ancestor), so ceil(log2(D + 1)) rounds of two [B, N] gathers
+    replace a loop over the D depths.
+    """
     cols = torch.arange(tree.num_columns, device=tree.device)
-    prod = (cols == 0).to(torch.float32).expand_as(edge_values).contiguous()  # [B, N]
-    parent = tree.parents.clamp_min(0)
-    for depth in range(1, max_depth + 1):
-        at_depth = (tree.depths == depth) & (tree.parents >= 0)  # [B, N]
-        prod = torch.where(at_depth, edge_values * prod.gather(1, parent), prod)
+    within = (tree.parents >= 0) & (tree.depths <= max_depth)  # [B, N] real nodes the walk can reach
+    prod = torch.where(within, edge_values.float(), (cols == 0).to(torch.float32))  # [B, N], root 1
+    ancestor = tree.parents.clamp_min(0)  # [B, N], root (and padding, whose value is 0) -> root
+    for _ in range(max_depth.bit_length()):  # 2^rounds > max_depth
+        prod = prod * prod.gather(1, ancestor)
+        ancestor = ancestor.gather(1, ancestor)
     return prod
 
 
@@ -98,14 +115,22 @@ def walk(tree: DDTreeBuildResult, picks: torch.Tensor, edge_p: torch.Tensor, max
     picks  [B, N] int64: token picked at each node (row i = at node i).
     edge_p [B, N] fp32: processed target prob of each node's token at its parent (for the expectation).
     """
+    return _walk(tree, picks, edge_p, max_depth)
+
+
+def _walk(tree: DDTreeBuildResult, picks: torch.Tensor, edge_p: torch.Tensor | None, max_depth: int) -> VerifyResult:
+    """`walk`; edge_p None means greedy picks (expected_accept_len = accept_len, one path product less)."""
     batch, cols = tree.token_ids.shape
     parent = tree.parents.clamp_min(0)
     # Node i matches when it is a real node whose token is the pick at its parent.
     match = (tree.parents >= 0) & (tree.token_ids == picks.gather(1, parent))  # [B, N]
     accepted = path_products(tree, match.to(torch.float32), max_depth) > 0.5  # [B, N], root included
-    expected = path_products(tree, edge_p, max_depth)[:, 1:].sum(dim=1)  # [B]
-
     accept_len = accepted.sum(dim=1) - 1  # [B], root excluded
+    if edge_p is None:
+        expected = accept_len.to(torch.float32)
+    else:
+        expected = path_products(tree, edge_p, max_depth)[:, 1:].sum(dim=1)  # [B]
+
     # One accepted node per depth: scatter node indices into their depth slot (spare slot D + 1 for the rest).
     slot = torch.where(accepted, tree.depths.clamp(0, max_depth), max_depth + 1)  # [B, N]
     node_ids = torch.arange(cols, device=tree.device).expand(batch, cols)
@@ -143,9 +168,7 @@ def verify_greedy(
 
 def _verify_greedy_unchecked(tree: DDTreeBuildResult, target_logits: torch.Tensor, depth: int) -> VerifyResult:
     picks = target_logits.argmax(dim=-1)  # [B, N]
-    parent = tree.parents.clamp_min(0)
-    one_hot_edges = ((tree.parents >= 0) & (tree.token_ids == picks.gather(1, parent))).to(torch.float32)
-    return walk(tree, picks, one_hot_edges, depth)
+    return _walk(tree, picks, None, depth)
 
 
 def sample_from_probs_(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -179,9 +202,9 @@ def _fused_eligible(params: SamplingParams) -> bool:
 
 
 def _triton_usable(device: torch.device) -> bool:
-    from ddtree.core.kernels import cdf_sampler_usable, triton_sampler_usable
+    from ddtree.core.kernels import cdf_sampler_usable, lazy_walk_usable, triton_sampler_usable
 
-    return cdf_sampler_usable(device) or triton_sampler_usable(device)
+    return lazy_walk_usable(device) or cdf_sampler_usable(device) or triton_sampler_usable(device)
 
 
 def resolve_backend(backend: str, device: torch.device, params: SamplingParams | None = None) -> str:
@@ -228,11 +251,19 @@ def verify_sampling(
     (the pure-torch reference of that kernel, through the same adapter), "auto" (sglang when usable,
     else triton when usable and the params are temperature-only, else torch).
     """
-    check_verify_inputs(tree, target_logits)
+    _check_verify_shapes(tree, target_logits)
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
     depth = resolve_max_depth(tree, max_depth)
     backend = resolve_backend(backend, target_logits.device, params)
+    if backend == "triton" and not params.all_greedy:
+        from ddtree.core.kernels import lazy_walk_usable
+
+        if lazy_walk_usable(target_logits.device):
+            lazy = _verify_lazy(tree, target_logits, params, generator, depth)  # checks finiteness itself
+            if lazy is not None:
+                return lazy
+    check_all_finite("target_logits", target_logits)
     if params.all_greedy:
         params.broadcast(tree.batch_size, target_logits.device)  # same argument checks as the sampled path
         return _verify_greedy_unchecked(tree, target_logits, depth)
@@ -258,6 +289,45 @@ def verify_sampling(
     edge_p = edge_probs(tree, weights, totals)  # [B, N], read before the buffer is consumed
     picks = sample_from_probs_(weights, generator)  # [B, N]
     return walk(tree, picks, edge_p, depth)
+
+
+def _verify_lazy(
+    tree: DDTreeBuildResult,
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    depth: int,
+) -> VerifyResult | None:
+    """Temperature-only sample-and-walk drawing picks only along the walk (see kernels.py, lazy walk).
+
+    One read of the logits (row lse of x / T and row min, which also proves finiteness: one host sync),
+    one per-request walk kernel, then the exact expectation from a [B, N] gather. Returns None when the
+    logits are finite but x / T overflows fp32 (the caller then takes the older fused path); raises the
+    usual ValueError on non-finite logits.
+    """
+    from ddtree.core.kernels import lazy_walk, scaled_row_lse_and_min
+
+    batch, cols, vocab = target_logits.shape
+    temperature, _, _ = params.broadcast(batch, target_logits.device)
+    greedy = temperature == 0  # [B]
+    inv_t = torch.where(greedy, torch.ones_like(temperature), temperature).reciprocal_()  # [B]
+    lse, low = scaled_row_lse_and_min(target_logits, inv_t)  # [B, N] each
+    if not bool(torch.isfinite(lse).all() & torch.isfinite(low).all()):
+        check_all_finite("target_logits", target_logits)  # raises unless only x / T overflowed
+        return None
+    uniforms = torch.rand((batch, depth + 1), generator=generator, device=target_logits.device)  # one per step
+    accepted_nodes, accept_len, bonus = lazy_walk(
+        target_logits, lse, tree.parents, tree.token_ids, inv_t, ~greedy, uniforms, depth
+    )
+    parent = tree.parents.clamp_min(0)
+    flat = parent * vocab + tree.token_ids.clamp_min(0)  # [B, N]
+    x_edge = target_logits.reshape(batch, cols * vocab).gather(1, flat).float()  # [B, N]
+    edge = torch.exp(x_edge * inv_t.unsqueeze(1) - lse.gather(1, parent))  # [B, N], masked in path_products
+    sampled_expected = path_products(tree, edge, depth)[:, 1:].sum(dim=1)  # [B]
+    expected = torch.where(greedy, accept_len.to(torch.float32), sampled_expected)
+    return VerifyResult(
+        accept_len=accept_len, accepted_nodes=accepted_nodes, bonus_token=bonus, expected_accept_len=expected
+    )
 
 
 def _verify_fused(
