@@ -218,17 +218,35 @@ def test_choose_method_rule() -> None:
     assert choose_method(1, 15, 151936, 8, "cuda") == "batched"
 
 
-@pytest.mark.parametrize("chunks", [2, 8, 32])
-def test_chunked_topk_is_exact(chunks: int) -> None:
-    from ddtree.core.build import _chunked_topk
+def _tie_rule_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: full stable sort by value descending (stable = smaller id first among ties)."""
+    order = torch.sort(x.float(), dim=-1, descending=True, stable=True).indices[:, :k]
+    return x.gather(1, order), order
 
-    gen = torch.Generator().manual_seed(chunks)
-    x = torch.randn((5, 64 * 40), generator=gen).to(torch.bfloat16)
-    vals, ids = _chunked_topk(x, 40, chunks)
-    ref_vals, _ = x.topk(40, dim=-1)
-    assert torch.equal(vals.sort(-1).values, ref_vals.sort(-1).values)
-    assert torch.equal(x.gather(1, ids), vals)
-    assert (ids.sort(-1).values.diff(dim=-1) > 0).all(), "distinct ids"
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 4),
+    vocab=st.integers(1, 300),
+    k_frac=st.floats(0.0, 1.0),
+    group=st.sampled_from([1, 4, 7, 64]),
+    levels=st.sampled_from([0, 2, 5]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    seed=st.integers(0, 2**16),
+)
+def test_pruned_topk_equals_the_tie_rule_sort(rows, vocab, k_frac, group, levels, dtype, seed) -> None:
+    from ddtree.core.build import pruned_topk
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn((rows, vocab), generator=gen) * 3
+    if levels:  # few distinct values: ties across groups and at the k-th position
+        x = x.round().clamp(-levels, levels)
+    x = x.to(dtype)
+    k = max(1, min(vocab, round(k_frac * vocab)))
+    vals, ids = pruned_topk(x, k, group=group)
+    ref_vals, ref_ids = _tie_rule_topk(x, k)
+    assert torch.equal(ids, ref_ids)
+    assert torch.equal(vals, ref_vals)
 
 
 # ---------------------------------------------------------------- CUDA (skipped without a GPU)

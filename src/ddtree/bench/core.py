@@ -216,14 +216,17 @@ def breakdown(batch: int, budget: int, *, vocab: int, depth: int, device: torch.
     out["isfinite(x).all()"] = t(lambda: torch.isfinite(x2d).all())
     out["x.topk(k) raw dtype"] = t(lambda: x2d.topk(k, dim=-1))
     out["log_softmax(x.float()).topk(k)"] = t(lambda: torch.log_softmax(x2d.float(), -1).topk(k, dim=-1))
-    if device.type == "cuda":
-        chunks = B._pick_topk_chunks(x2d, k)
-        out[f"vocab_topk (chosen: {chunks} chunks)"] = t(lambda: B.vocab_topk(x2d, k))
-    if device.type == "cuda" and B._fused_topk_usable(x2d):
-        from ddtree.core.triton_kernels import row_topk_lse
+    groups = -(-vocab // 64)
+    out[f"group maxima amax ({groups} groups of 64)"] = t(
+        lambda: x2d[:, : vocab // 64 * 64].reshape(x2d.shape[0], -1, 64).amax(-1))
+    out["pruned_topk (group maxima)"] = t(lambda: B.pruned_topk(x2d, k))
+    out["vocab step (lse + vocab_topk + sort)"] = t(lambda: B._vocab_step(x2d, k, fused=False))
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
+        with _env(DDTREE_FUSED_TOPK="1"):
+            if B._fused_topk_usable(x2d):
+                from ddtree.core.triton_kernels import row_topk_lse
 
-        out["fused row top-k + lse (triton radix select)"] = t(lambda: row_topk_lse(x2d, k))
-        out["vocab step, torch path (lse + topk + sort)"] = t(lambda: B._vocab_step(x2d, k, fused=False))
+                out["fused row top-k + lse (triton radix select, opt-in)"] = t(lambda: row_topk_lse(x2d, k))
     out["depth_topk (vocab step)"] = t(lambda: B.depth_topk(logits, k))
     logq, ids, _ = B.depth_topk(logits, k)
     js, rs, low = B._candidate_pairs(budget, k, device)
