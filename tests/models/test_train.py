@@ -127,3 +127,52 @@ def test_thread_picker_keeps_the_faster_count():
         assert picker.current == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_cached_pool_features_give_the_same_drafter_loss(untrained_pair):
+    """The drafter loop reads the frozen target's features from a cache built once per rollout pool:
+    the loss and its gradients must equal those of running the target inside the step."""
+    from ddtree.models.pair import load_pair
+    from ddtree.models.train import drafter_batch_loss, pool_features, position_weights
+
+    pair = load_pair(untrained_pair)
+    target, drafter = pair.target, pair.drafter
+    cfg = drafter.config
+    gen = torch.Generator().manual_seed(0)
+    pool = torch.randint(0, cfg.vocab_size, (6, 48), generator=gen)
+    cached = pool_features(target, pool, cfg.target_layer_ids, device=torch.device("cpu"), autocast=False, chunk=4)
+    assert cached is not None and cached[0].shape == (6, 48, len(cfg.target_layer_ids) * cfg.hidden_size)
+    rows = torch.tensor([4, 1, 1])
+    anchors = sample_anchors(3, 3, 48, cfg.block_size, gen)
+    w = position_weights(cfg.block_size, 4.0, torch.device("cpu"))
+    grads = []
+    for pre in (None, (cached[0][rows], cached[1][rows])):
+        drafter.zero_grad(set_to_none=True)
+        loss, acc = drafter_batch_loss(target, drafter, pool[rows], anchors, w, "greedy", precomputed=pre)
+        loss.backward()
+        grads.append((float(loss.detach()), acc, [p.grad.clone() for p in drafter.parameters() if p.grad is not None]))
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-5)
+    assert torch.equal(grads[0][1], grads[1][1])
+    for a, b in zip(grads[0][2], grads[1][2]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_pool_features_skip_the_cache_when_too_large(untrained_pair, monkeypatch):
+    from ddtree.models import train
+    from ddtree.models.pair import load_pair
+
+    pair = load_pair(untrained_pair)
+    monkeypatch.setattr(train, "POOL_FEATURE_CACHE_BYTES", 1024)
+    pool = torch.zeros((4, 32), dtype=torch.long)
+    cfg = pair.drafter.config
+    assert train.pool_features(pair.target, pool, cfg.target_layer_ids, device=torch.device("cpu"),
+                               autocast=False) is None
+
+
+def test_small_size_trains_the_drafter_past_the_positions_decoding_reaches():
+    from ddtree.models.sizes import get_size
+
+    small = get_size("small")
+    # longest held-out prompt (~130 tokens) + the pipeline's and bench's max_new_tokens (<= 128) + one block
+    assert small.rollout_len >= 130 + 128 + small.block_size
+    assert get_size("tiny").rollout_len == get_size("tiny").seq_len

@@ -6,6 +6,10 @@ small : the embedded default; 2.5 + 3.0 wall-clock minutes (preparation included
         trained much longer produces more varied greedy text and the 3-minute drafter falls behind it
         (measured: target held-out loss 3.43 -> DFlash tau 1.77), a barely trained one loops (tau near b).
         Block 16: on the same target, block 8 gave DDTree(32)/DFlash 1.29, block 16 1.38.
+        Sequences: the target trains on 256-token windows and the drafter on 320-token target rollouts, so
+        that prompt (<= ~130 tokens) + 128 new tokens stay inside the trained positions: trained at 128,
+        the drafter's tau fell from 7.3 (positions 64-127) to 2.0 (320+) and ddtree ran at 0.66x of ar;
+        trained at 320, ddtree(16) ran at 1.21x of ar (`ddtree bench engine`, 16 prompts x 128 tokens).
 large : the same trainer for one GPU (bf16 autocast), a few minutes per model.
 """
 
@@ -50,6 +54,14 @@ class PairSize:
     # "steps": the LR schedule follows step / max_steps only (reproducible; the minutes are a safety cap);
     # "time": it follows max(step / max_steps, elapsed / budget) (uses the whole wall-clock budget).
     schedule: str = "time"
+    # Length of the drafter's training sequences (target rollouts); None = seq_len. It must cover the positions
+    # decoding reaches (prompt + max_new_tokens): past its training length the drafter's tau collapses
+    # (measured on the small pair trained at 128: tau 7.3 at positions 64-127, 4.5 at 128-191, 2.0 at 320+).
+    drafter_seq_len: int | None = None
+
+    @property
+    def rollout_len(self) -> int:
+        return self.seq_len if self.drafter_seq_len is None else self.drafter_seq_len
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,9 +79,9 @@ SIZES: dict[str, PairSize] = {
     "small": PairSize(
         name="small", vocab_size=2048, hidden_size=128, target_layers=3, target_intermediate=384, num_heads=4,
         num_kv_heads=2, head_dim=32, drafter_layers=2, drafter_intermediate=384, block_size=16,
-        target_layer_ids=(0, 1, 2), seq_len=128, target_batch=16, target_lr=3e-3, target_minutes=2.5,
+        target_layer_ids=(0, 1, 2), seq_len=256, target_batch=8, target_lr=3e-3, target_minutes=2.5,
         target_max_steps=500, drafter_batch=8, drafter_anchors=16, drafter_lr=2e-3, drafter_minutes=3.5,
-        drafter_max_steps=1800, rollout_rows=3072, corpus_max_train_bytes=None,
+        drafter_max_steps=2400, rollout_rows=1024, drafter_seq_len=320, corpus_max_train_bytes=None,
         tokenizer_max_bytes=4_000_000,
         # Fixed step counts and fixed threads: the same pair on every quiet 2-core machine (a time-driven
         # schedule made pair quality follow machine load); the minutes only stop a run on a loaded machine.

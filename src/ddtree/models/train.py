@@ -258,23 +258,33 @@ def sample_anchors(batch: int, num: int, seq_len: int, block_size: int, gen: tor
     return (scores.topk(num, dim=1).indices + 1).sort(dim=1).values
 
 
+@torch.no_grad()
+def target_features(target, x: torch.Tensor, layer_ids, autocast: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The frozen target's view of x [B, S]: drafter input features [B, S, k*H] fp32 (the hidden states of
+    `layer_ids`, concatenated) and greedy predictions [B, S] (greedy[t] predicts token t + 1)."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+        out = target(input_ids=x, output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1).float()  # [B, S, kH]
+        return feats, out.logits.argmax(-1)
+
+
 def drafter_batch_loss(
     target, drafter: DFlashDrafter, x: torch.Tensor, anchors: torch.Tensor, weights: torch.Tensor,
     label_mode: str = "greedy", autocast: bool = False,
+    precomputed: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One training-layout forward. x [B, S] tokens, anchors [B, M]. Returns (loss, top-1 accuracy per pos [D]).
 
     Labels at drafted position k (token position a + k): the target's greedy prediction from position
-    a + k - 1 ("greedy") or the data token itself ("data").
+    a + k - 1 ("greedy") or the data token itself ("data"). `precomputed` = `target_features(x)` when the
+    caller has it (the rollout pool is frozen, so its features are computed once), else the target runs here.
     """
     cfg = drafter.config
     B, S = x.shape
     M, b = anchors.shape[1], cfg.block_size
     dev = x.device
-    with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
-        out = target(input_ids=x, output_hidden_states=True)
-        feats = torch.cat([out.hidden_states[i + 1] for i in cfg.target_layer_ids], dim=-1).float()  # [B,S,kH]
-        greedy = out.logits.argmax(-1)  # [B, S], greedy[t] predicts token t+1
+    feats, greedy = precomputed if precomputed is not None else target_features(
+        target, x, cfg.target_layer_ids, autocast)
     embed = target.get_input_embeddings()
     head = target.get_output_embeddings()
     offs = torch.arange(b, device=dev)
@@ -326,17 +336,40 @@ def rollout_pool(
     of 1/8 .. 1/2 of seq_len tokens) followed by the target's own greedy continuation up to seq_len.
     Generated in chunks until max_rows or the time budget: [R, seq_len] int64 (on CPU)."""
     t0 = time.perf_counter()
+    length = spec.rollout_len
     rows: list[torch.Tensor] = []
     n = 0
     while n < max_rows and (n == 0 or time.perf_counter() - t0 < budget_s):
-        P = int(torch.randint(spec.seq_len // 8, spec.seq_len // 2 + 1, (1,), generator=gen))
+        P = int(torch.randint(length // 8, length // 2 + 1, (1,), generator=gen))
         prompts = random_windows(stream, chunk, P, gen).to(device)
-        rows.append(greedy_extend(target, prompts, spec.seq_len - P).cpu())
+        rows.append(greedy_extend(target, prompts, length - P).cpu())
         n += chunk
     pool = torch.cat(rows)[:max_rows]
-    log.info("rollout pool: %d sequences of %d tokens in %.1fs", pool.shape[0], spec.seq_len,
+    log.info("rollout pool: %d sequences of %d tokens in %.1fs", pool.shape[0], length,
              time.perf_counter() - t0)
     return pool
+
+
+# Largest rollout-pool feature cache kept in memory; bigger pools run the target in every drafter step.
+POOL_FEATURE_CACHE_BYTES = 2 << 30
+
+
+def pool_features(
+    target, pool: torch.Tensor, layer_ids, *, device: torch.device, autocast: bool, chunk: int = 32,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`target_features` of every pool row ([R, S, k*H] fp32, [R, S]) on `device`, or None when the cache
+    would exceed POOL_FEATURE_CACHE_BYTES. The target is frozen, so each drafter step then skips its forward."""
+    hidden = target.config.hidden_size * len(layer_ids)
+    if pool.numel() * hidden * 4 > POOL_FEATURE_CACHE_BYTES:
+        return None
+    t0 = time.perf_counter()
+    feats, greedy = [], []
+    for start in range(0, pool.shape[0], chunk):
+        f, g = target_features(target, pool[start : start + chunk].to(device), layer_ids, autocast)
+        feats.append(f)
+        greedy.append(g)
+    log.info("rollout pool features: %d rows in %.1fs", pool.shape[0], time.perf_counter() - t0)
+    return torch.cat(feats), torch.cat(greedy)
 
 
 LABEL_MODES = ("rollout", "greedy", "data")
@@ -364,24 +397,35 @@ def train_drafter(
     last_acc: list[float] = []
     info: dict[str, Any] = {"label_mode": label_mode}
     t0 = time.perf_counter()
-    pool = None
+    pool = cached = None
     if label_mode == "rollout":
         threads = torch.get_num_threads()
         torch.set_num_threads(1 if device.type == "cpu" else threads)  # many tiny ops: one thread is best
         pool = rollout_pool(target, stream, spec, gen=gen, device=device, budget_s=rollout_frac * budget_s,
                             max_rows=spec.rollout_rows, chunk=64 if device.type == "cpu" else 512)
-        torch.set_num_threads(threads)
         info.update(rollout_rows=int(pool.shape[0]), rollout_s=round(time.perf_counter() - t0, 2))
+        # Also on one CPU thread: under any other load two OpenMP threads ran this pass ~5x slower
+        # (52 s vs 10 s for 1024 x 320 tokens); small chunks keep each forward in cache.
+        t_feats = time.perf_counter()
+        cached = pool_features(target, pool, drafter.config.target_layer_ids, device=device, autocast=autocast,
+                               chunk=8 if device.type == "cpu" else 64)
+        info.update(pool_features_cached=cached is not None,
+                    pool_features_s=round(time.perf_counter() - t_feats, 2))
+        torch.set_num_threads(threads)
     drafter.train()
 
     def step_fn(_: int) -> float:
+        precomputed = None
         if pool is not None:
-            x = pool[torch.randint(0, pool.shape[0], (spec.drafter_batch,), generator=gen)].to(device)
+            rows = torch.randint(0, pool.shape[0], (spec.drafter_batch,), generator=gen)
+            x = pool[rows].to(device)
+            if cached is not None:
+                precomputed = (cached[0][rows.to(cached[0].device)], cached[1][rows.to(cached[1].device)])
         else:
             x = random_windows(stream, spec.drafter_batch, spec.seq_len, gen).to(device)
-        anchors = sample_anchors(x.shape[0], spec.drafter_anchors, spec.seq_len, spec.block_size, gen).to(device)
+        anchors = sample_anchors(x.shape[0], spec.drafter_anchors, x.shape[1], spec.block_size, gen).to(device)
         loss, acc = drafter_batch_loss(target, drafter, x, anchors, w,
-                                       "data" if label_mode == "data" else "greedy", autocast)
+                                       "data" if label_mode == "data" else "greedy", autocast, precomputed)
         loss.backward()
         last_acc[:] = [round(float(a), 4) for a in acc]
         return float(loss.detach())
