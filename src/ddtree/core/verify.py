@@ -263,6 +263,7 @@ def verify_sampling(
             lazy = _verify_lazy(tree, target_logits, params, generator, depth)  # checks finiteness itself
             if lazy is not None:
                 return lazy
+            backend = "torch"  # finite logits whose x / T overflows fp32: torch shifts by the row max first
     check_all_finite("target_logits", target_logits)
     if params.all_greedy:
         params.broadcast(tree.batch_size, target_logits.device)  # same argument checks as the sampled path
@@ -302,7 +303,7 @@ def _verify_lazy(
 
     One read of the logits (row lse of x / T and row min, which also proves finiteness: one host sync),
     one per-request walk kernel, then the exact expectation from a [B, N] gather. Returns None when the
-    logits are finite but x / T overflows fp32 (the caller then takes the older fused path); raises the
+    logits are finite but x / T overflows fp32 (the caller then takes the torch path); raises the
     usual ValueError on non-finite logits.
     """
     from ddtree.core.kernels import lazy_walk, scaled_row_lse_and_min
