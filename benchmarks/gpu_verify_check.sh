@@ -151,6 +151,9 @@ def main():
                 uni = torch.rand((b, DEPTH + 1), generator=vgen, device=DEVICE)
                 noisy = torch.ones(b, dtype=torch.bool, device=DEVICE)
                 row["piece_lse_min_ms"] = median_ms(lambda: kernels.scaled_row_lse_and_min(target, inv_t))
+                for blk in (1024, 4096):  # the default is 2048: is another block size faster on this GPU?
+                    row[f"piece_lse_min_block{blk}_ms"] = median_ms(
+                        lambda: kernels.scaled_row_lse_and_min(target, inv_t, block=blk))
                 row["piece_walk_ms"] = median_ms(lambda: kernels.lazy_walk(
                     target, lse, tree.parents, tree.token_ids, inv_t, noisy, uni, DEPTH))
                 row["piece_check_all_finite_ms"] = median_ms(lambda: check_all_finite("x", target))
