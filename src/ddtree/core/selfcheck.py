@@ -320,12 +320,15 @@ def _triton_importable() -> bool:
 
 
 def check_triton_probe(device: torch.device) -> str:
-    from ddtree.core.kernels import TRITON_PROBE_ERRORS, triton_sampler_usable
+    from ddtree.core.kernels import TRITON_PROBE_ERRORS, lazy_walk_usable, triton_sampler_usable
 
     # Informational: a failed probe only means verify_sampling uses the (exact) torch path.
+    lazy = "lazy sample-and-walk: " + (
+        "compiled and matches torch on the probe" if lazy_walk_usable(device)
+        else f"unavailable ({TRITON_PROBE_ERRORS.get(f'lazy:{device}', '?')}), row sampler used")
     if not triton_sampler_usable(device):
-        return f"unavailable, torch path used: {TRITON_PROBE_ERRORS.get(str(device), '?')}"
-    return "fused Triton sampler compiled and matches torch on the probe"
+        return f"unavailable, torch path used: {TRITON_PROBE_ERRORS.get(str(device), '?')}; {lazy}"
+    return f"fused Triton sampler compiled and matches torch on the probe; {lazy}"
 
 
 def _triton_sampler_ok(device: torch.device) -> bool:
