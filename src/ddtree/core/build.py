@@ -177,6 +177,83 @@ def _fused_topk_usable(x2d: torch.Tensor) -> bool:
     return _FUSED_TOPK_OK[index]
 
 
+GROUP = 64  # ids per group of the group-maxima pruning
+_KEY16_DTYPES = (torch.bfloat16, torch.float16)
+_KEY16_LOW = 32767  # 15 low bits of an int32 key: (order key << 15) | (32767 - index), index < 32768
+
+
+def order_key16(x: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 -> int32 in [0, 65535] whose order is the float order (-0.0 folded onto +0.0)."""
+    bits = x.view(torch.int16).to(torch.int32)  # sign-extended
+    bits = torch.where(bits == -32768, torch.zeros_like(bits), bits)  # -0.0 -> +0.0
+    return (bits ^ ((bits >> 15) & 0x7FFF)) + 32768
+
+
+def grouped_topk16_fits(vocab: int, k: int) -> bool:
+    """The int32 keys of `grouped_topk16` hold: < 32768 groups and <= 32768 candidates."""
+    groups = -(-vocab // GROUP)
+    return groups <= _KEY16_LOW + 1 and min(k, groups) * GROUP <= _KEY16_LOW + 1
+
+
+def grouped_topk16(x2d: torch.Tensor, gmax: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k of bf16/fp16 rows x2d [R, V] under the tie rule, sorted, from the group maxima gmax [R, G]
+    (float32, groups of GROUP consecutive ids, as `row_lse_min_groupmax` writes them).
+
+    Same pruning as `pruned_topk`, with int32 keys instead of int64: a group's key is
+    (order key of its max << 15) | (32767 - group index) (ties -> smaller group); the chosen groups are
+    sorted ascending so that a candidate's position follows its id, and a candidate's key is
+    (order key of its value << 15) | (32767 - position). Both top-ks then return the tie-rule order
+    directly (no argsort afterwards). Needs `grouped_topk16_fits(V, k)`. Returns (values raw dtype, ids int64).
+    """
+    r, v = x2d.shape
+    groups = gmax.shape[1]
+    if x2d.dtype not in _KEY16_DTYPES:
+        raise ValueError(f"x2d must be bfloat16 or float16, got {x2d.dtype}")
+    if groups != -(-v // GROUP) or not grouped_topk16_fits(v, k):
+        raise ValueError(f"gmax must be [R, cdiv(V, {GROUP})] with V={v}, k={k} within the int32 keys")
+    dev = x2d.device
+    g = min(k, groups)
+    group_ids = torch.arange(groups, dtype=torch.int32, device=dev)  # [G]
+    gkey = (order_key16(gmax.to(x2d.dtype)) << 15) | (_KEY16_LOW - group_ids)  # [R, G] int32, distinct
+    chosen = gkey.topk(g, dim=-1, sorted=False).indices.sort(dim=-1).values  # [R, g] ascending group ids
+    cand = (chosen.unsqueeze(-1) * GROUP + torch.arange(GROUP, device=dev)).reshape(r, g * GROUP)  # [R, C] ids
+    real = cand < v  # the last group may be short
+    cand = cand.clamp_max(v - 1)
+    cand_vals = x2d.gather(1, cand)  # [R, C] raw dtype
+    pos = torch.arange(g * GROUP, dtype=torch.int32, device=dev)  # [C]
+    ckey = ((order_key16(cand_vals) << 15) | (_KEY16_LOW - pos)).masked_fill(~real, -1)  # [R, C] int32
+    top = ckey.topk(k, dim=-1, sorted=True).indices  # [R, k] in tie-rule order
+    return cand_vals.gather(1, top), cand.gather(1, top)
+
+
+def _grouped_usable(x2d: torch.Tensor, k: int) -> bool:
+    """The one-read statistics + group maxima kernel and `grouped_topk16` apply: CUDA, bf16/fp16, keys fit,
+    not turned off with DDTREE_NO_GROUPED_TOPK, probed once per device against an exact reference."""
+    if not x2d.is_cuda or x2d.dtype not in _KEY16_DTYPES or not grouped_topk16_fits(x2d.shape[1], k):
+        return False
+    if os.environ.get("DDTREE_NO_GROUPED_TOPK", "") in ("1", "true", "yes"):
+        return False
+    if not _triton_lse_usable(x2d.device):
+        return False
+    index = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
+    if index not in _GROUPED_OK:
+        if torch.cuda.is_current_stream_capturing():
+            return False  # never compile or check inside a capture
+        _GROUPED_OK[index] = _probe_grouped(torch.device("cuda", index))
+    return _GROUPED_OK[index]
+
+
+def _vocab_step_grouped(x2d: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x2d [R, V] bf16/fp16 -> (logq [R, k] float32 descending, ids [R, k] int64, bad 0-dim bool): one read
+    for logsumexp, min and group maxima (Triton), then the int32-key pruned top-k, already in tie-rule order."""
+    from ddtree.core.triton_kernels import row_lse_min_groupmax
+
+    lse, row_min, gmax = row_lse_min_groupmax(x2d, group=GROUP)  # [R], [R], [R, G]
+    bad = ~(torch.isfinite(lse) & (row_min > float("-inf"))).all()
+    vals, ids = grouped_topk16(x2d, gmax, k)  # [R, k] x2, sorted
+    return vals.float() - lse.unsqueeze(1), ids, bad
+
+
 def _sorted_logq(
     vals32: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,7 +294,10 @@ def depth_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     """
     b, d, v = draft_logits.shape
     x2d = draft_logits.reshape(b * d, v)  # [R, V]
-    logq, ids, bad = _vocab_step(x2d, k, fused=_fused_topk_usable(x2d))
+    if not _fused_topk_usable(x2d) and _grouped_usable(x2d, k):
+        logq, ids, bad = _vocab_step_grouped(x2d, k)
+    else:
+        logq, ids, bad = _vocab_step(x2d, k, fused=_fused_topk_usable(x2d))
     return logq.reshape(b, d, k), ids.reshape(b, d, k), bad
 
 
@@ -576,6 +656,36 @@ def _probe_fused_topk(device: torch.device) -> bool:
         return bool(ok)
     except Exception as exc:
         warnings.warn(f"ddtree build_tree: fused Triton vocabulary step unavailable ({exc}); using torch")
+        return False
+
+
+_GROUPED_OK: dict[int, bool] = {}
+
+
+def _probe_grouped(device: torch.device) -> bool:
+    """Check `_vocab_step_grouped` once per device against an exact torch reference (ties, short last group)."""
+    try:
+        from ddtree.core.triton_kernels import row_lse_and_min
+    except Exception:
+        return False
+    try:
+        gen = torch.Generator(device=device).manual_seed(0)
+        ok = True
+        for dtype in _KEY16_DTYPES:
+            x = torch.randn(6, 5003, device=device, generator=gen) * 4
+            x[::2] = x[::2].round()  # many exact ties, some straddling the k-th position and group borders
+            x = x.to(dtype)
+            k = 300
+            logq, ids, _ = _vocab_step_grouped(x, k)
+            slot = torch.arange(x.shape[1], device=device).expand(x.shape[0], -1)
+            ref_ids = _descending_key(x.float(), slot).topk(k, dim=-1).indices  # [R, k] exact order
+            ref_lse, _ = row_lse_and_min(x)
+            ok &= torch.equal(ids, ref_ids) and torch.equal(logq, x.float().gather(1, ref_ids) - ref_lse[:, None])
+        if not ok:
+            warnings.warn("ddtree build_tree: grouped int32-key vocabulary step disagrees with torch; not used")
+        return bool(ok)
+    except Exception as exc:
+        warnings.warn(f"ddtree build_tree: grouped vocabulary step unavailable ({exc}); using torch")
         return False
 
 

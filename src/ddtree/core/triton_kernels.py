@@ -31,9 +31,13 @@ def _split_stats_kernel(
     stride_row,
     num_splits,
     hist_ptr,  # [R, S, 256] int32 when HIST: histogram of the high byte of the 16-bit order key
+    gmax_ptr,  # [R, G] float32 when GMAX: max of each group of GROUP consecutive ids (G = cdiv(V, GROUP))
+    num_groups,
     SPLIT_LEN: tl.constexpr,  # constexpr: a few distinct values per process (one per vocabulary/batch shape)
     BLOCK: tl.constexpr,
     HIST: tl.constexpr,  # bf16/fp16 input only; HIST=False is the plain statistics kernel
+    GMAX: tl.constexpr = False,  # also write the group maxima (from the same first read)
+    GROUP: tl.constexpr = 64,  # BLOCK and SPLIT_LEN are multiples of GROUP: no group straddles two blocks
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -50,6 +54,10 @@ def _split_stats_kernel(
         v = tl.load(base + idx, mask=msk, other=float("-inf")).to(tl.float32)
         m = tl.maximum(m, v)
         mn = tl.minimum(mn, tl.where(msk, v, float("inf")))
+        if GMAX:  # masked lanes are -inf; a short last group keeps the max of its real ids
+            gm = tl.max(tl.reshape(v, (BLOCK // GROUP, GROUP)), axis=1)  # [BLOCK // GROUP]
+            gidx = (start + s) // GROUP + tl.arange(0, BLOCK // GROUP)
+            tl.store(gmax_ptr + row.to(tl.int64) * num_groups + gidx, gm, mask=gidx < num_groups)
     split_max = tl.max(m, 0)
     # pass 2: sum of exp(x - max); the split (a few hundred KB at most per program) is mostly still in L2
     acc = tl.zeros([BLOCK], tl.float32)
@@ -93,10 +101,38 @@ def row_lse_and_min(x: torch.Tensor, *, block: int = 2048) -> tuple[torch.Tensor
     part_sum = torch.empty_like(part_max)
     part_min = torch.empty_like(part_max)
     _split_stats_kernel[(rows, splits)](
-        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max,
+        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max, part_max, 1,
         SPLIT_LEN=split_len, BLOCK=block, HIST=False, num_warps=8,
     )
     return _merge_stats(part_max, part_sum, part_min)
+
+
+def row_lse_min_groupmax(
+    x: torch.Tensor, *, group: int = 64, block: int = 2048
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x: [R, V] CUDA floating tensor. Returns (logsumexp [R], min [R], group maxima [R, cdiv(V, group)]),
+    all float32, from one read of x. logsumexp and min are bit-identical to `row_lse_and_min` (same kernel,
+    same splits); group g's max covers ids [g * group, min((g + 1) * group, V)) (exact for bf16/fp16/fp32).
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must have rank 2, got shape {tuple(x.shape)}")
+    if group < 1 or group & (group - 1) or block % group:
+        raise ValueError(f"group must be a power of two dividing block={block}, got {group}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    rows, vocab = x.shape
+    splits, split_len = _split_geometry(rows, vocab, block)
+    groups = triton.cdiv(vocab, group)
+    part_max = torch.empty((rows, splits), dtype=torch.float32, device=x.device)  # [R, S]
+    part_sum = torch.empty_like(part_max)
+    part_min = torch.empty_like(part_max)
+    gmax = torch.empty((rows, groups), dtype=torch.float32, device=x.device)  # [R, G]
+    _split_stats_kernel[(rows, splits)](
+        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max, gmax, groups,
+        SPLIT_LEN=split_len, BLOCK=block, HIST=False, GMAX=True, GROUP=group, num_warps=8,
+    )
+    lse, row_min = _merge_stats(part_max, part_sum, part_min)
+    return lse, row_min, gmax
 
 
 def _split_geometry(rows: int, vocab: int, block: int) -> tuple[int, int]:
@@ -246,7 +282,7 @@ def row_topk_lse(
     part_min = torch.empty_like(part_max)
     hist_hi = torch.empty((rows, splits, 256), dtype=torch.int32, device=x.device)  # [R, S, 256]
     _split_stats_kernel[(rows, splits)](
-        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, hist_hi,
+        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, hist_hi, part_max, 1,
         SPLIT_LEN=split_len, BLOCK=block, HIST=True, num_warps=8,
     )
     lse, row_min = _merge_stats(part_max, part_sum, part_min)
