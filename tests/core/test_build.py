@@ -249,6 +249,54 @@ def test_pruned_topk_equals_the_tie_rule_sort(rows, vocab, k_frac, group, levels
     assert torch.equal(vals, ref_vals)
 
 
+def _group_maxima(x: torch.Tensor, group: int) -> torch.Tensor:
+    """[R, V] -> [R, cdiv(V, group)] float32 max per group of consecutive ids (short last group padded -inf)."""
+    r, v = x.shape
+    g = -(-v // group)
+    pad = torch.full((r, g * group - v), float("-inf"))
+    return torch.cat([x.float(), pad], 1).view(r, g, group).amax(-1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 4),
+    vocab=st.integers(1, 2000),
+    k_frac=st.floats(0.0, 0.2),
+    levels=st.sampled_from([0, 1, 3]),
+    signed_zeros=st.booleans(),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+    seed=st.integers(0, 2**16),
+)
+def test_grouped_topk16_equals_the_tie_rule_sort(rows, vocab, k_frac, levels, signed_zeros, dtype, seed) -> None:
+    from ddtree.core.build import GROUP, grouped_topk16
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn((rows, vocab), generator=gen) * 3
+    if levels:  # few distinct values: ties across groups, inside groups and at the k-th position
+        x = x.round().clamp(-levels, levels)
+    if signed_zeros:  # -0.0 and +0.0 are one value under the tie rule
+        x = torch.where(torch.rand((rows, vocab), generator=gen) < 0.5, x, torch.where(x < 0.5, -0.0, 0.0))
+    x = x.to(dtype)
+    k = max(1, min(vocab, round(k_frac * vocab)))
+    vals, ids = grouped_topk16(x, _group_maxima(x, GROUP), k)
+    ref_vals, ref_ids = _tie_rule_topk(x, k)
+    assert torch.equal(ids, ref_ids)
+    assert torch.equal(vals.float(), ref_vals.float())  # -0.0 == +0.0 for equal
+
+
+def test_grouped_topk16_rejects_bad_arguments() -> None:
+    from ddtree.core.build import GROUP, grouped_topk16, grouped_topk16_fits
+
+    x = torch.randn(2, 300)
+    with pytest.raises(ValueError, match="x2d"):
+        grouped_topk16(x, _group_maxima(x, GROUP), 5)
+    xb = x.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="gmax"):
+        grouped_topk16(xb, _group_maxima(x, GROUP)[:, :2], 5)
+    assert grouped_topk16_fits(151_936, 512) and not grouped_topk16_fits(151_936, 513)
+    assert not grouped_topk16_fits(32768 * 64 + 1, 8)
+
+
 # ---------------------------------------------------------------- CUDA (skipped without a GPU)
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -147,6 +147,69 @@ def test_heap_equals_batched_on_the_fused_step(monkeypatch, dtype: torch.dtype, 
             assert torch.equal(getattr(heap, f), getattr(batched, f)), f
 
 
+# ---------------------------------------------------------------- one read (lse + min + group maxima) + int32 keys
+
+
+def with_signed_zeros(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """Replace a third of x [R, V] by -0.0 / +0.0 (one value under the tie rule, two bit patterns)."""
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.randint(0, 3, x.shape, generator=gen).to(x.device)  # [R, V]
+    zeros = torch.where(pick == 0, -0.0, 0.0).to(x.dtype)
+    return torch.where(pick < 2, zeros, x)
+
+
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+@pytest.mark.parametrize(
+    "vocab, k, levels",
+    # short last groups (300 = 4 * 64 + 44, 1000, 2000); k below, at and above the number of groups
+    [(64, 64, 1.0), (300, 40, 1.0), (1000, 1, 0.5), (1000, 8, 2.0), (2000, 16, 0.5), (2000, 64, 1.0)],
+)
+def test_grouped_step_is_exact_with_ties(dtype: torch.dtype, vocab: int, k: int, levels: float) -> None:
+    from ddtree.core.triton_kernels import row_lse_and_min, row_lse_min_groupmax
+
+    for x in (tied_logits(5, vocab, levels, dtype, seed=vocab + k), distinct_logits(3, vocab, dtype, seed=k)):
+        x = with_signed_zeros(x, seed=vocab) if levels == 1.0 else x
+        logq, ids, bad = build._vocab_step_grouped(x, k)
+        ref_lse, ref_min = row_lse_and_min(x)
+        ref_logq, ref_ids = exact_reference(x, k, ref_lse)
+        assert torch.equal(ids, ref_ids)
+        assert torch.equal(logq, ref_logq)
+        assert not bool(bad)
+        lse, row_min, gmax = row_lse_min_groupmax(x)
+        assert torch.equal(lse, ref_lse) and torch.equal(row_min, ref_min)  # same kernel, same splits
+        groups = -(-vocab // build.GROUP)
+        pad = torch.full((x.shape[0], groups * build.GROUP - vocab), float("-inf"), device=x.device)
+        ref_gmax = torch.cat([x.float(), pad], 1).view(x.shape[0], groups, build.GROUP).amax(-1)  # [R, G]
+        assert torch.equal(gmax, ref_gmax)
+
+
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+@pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), float("-inf")])
+def test_grouped_step_flags_non_finite(dtype: torch.dtype, bad_value: float) -> None:
+    x = distinct_logits(4, 300, dtype, seed=1)
+    x[2, 77] = bad_value
+    _, _, bad = build._vocab_step_grouped(x, 16)
+    assert bool(bad)
+
+
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+@pytest.mark.parametrize("budget", [5, 40])
+def test_heap_equals_batched_on_the_grouped_step(monkeypatch, dtype: torch.dtype, budget: int) -> None:
+    # force the grouped step on this device (CPU under the interpreter too): both builders then use it
+    monkeypatch.setattr(build, "_fused_topk_usable", lambda x2d: False)
+    monkeypatch.setattr(build, "_grouped_usable", lambda x2d, k: x2d.dtype in FUSED_DTYPES)
+    calls = []
+    step = build._vocab_step_grouped
+    monkeypatch.setattr(build, "_vocab_step_grouped", lambda x2d, k: calls.append(k) or step(x2d, k))
+    for x in (tied_logits(2 * 4, 150, 1.0, dtype, seed=9), distinct_logits(2 * 4, 150, dtype, seed=9)):
+        logits = x.view(2, 4, 150)
+        heap = build_tree(logits, budget, method="heap")
+        batched = build_tree(logits, budget, method="batched")
+        for f in FIELDS:
+            assert torch.equal(getattr(heap, f), getattr(batched, f)), f
+    assert len(calls) >= 4  # both builders went through the grouped step
+
+
 # ---------------------------------------------------------------- one-program beam
 
 
@@ -185,6 +248,13 @@ def test_fused_step_is_enabled_on_cuda(monkeypatch, dtype: torch.dtype) -> None:
     monkeypatch.setenv("DDTREE_FUSED_TOPK", "1")  # opt-in (slower than the pruned torch step on an H200)
     assert build._fused_topk_usable(torch.zeros((2, 8), dtype=dtype, device="cuda")), "probe failed: see warnings"
     assert not build._fused_topk_usable(torch.zeros((2, 8), device="cuda")), "float32 keeps the torch step"
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+def test_grouped_step_is_enabled_on_cuda(dtype: torch.dtype) -> None:
+    assert build._grouped_usable(torch.zeros((2, 8), dtype=dtype, device="cuda"), 8), "probe failed: see warnings"
+    assert not build._grouped_usable(torch.zeros((2, 8), device="cuda"), 8), "float32 keeps the torch step"
 
 
 @cuda_only
