@@ -227,6 +227,17 @@ def breakdown(batch: int, budget: int, *, vocab: int, depth: int, device: torch.
                 from ddtree.core.triton_kernels import row_topk_lse
 
                 out["fused row top-k + lse (triton radix select, opt-in)"] = t(lambda: row_topk_lse(x2d, k))
+    if device.type == "cuda" and B._grouped_usable(x2d, k):  # the default CUDA bf16/fp16 step
+        from ddtree.core.triton_kernels import row_lse_min_groupmax
+
+        out["triton row lse+min+group maxima (one read)"] = t(lambda: row_lse_min_groupmax(x2d, group=B.GROUP))
+        _, _, gmax = row_lse_min_groupmax(x2d, group=B.GROUP)  # [R, G]
+        gkey = B.order_key16(gmax.to(dtype)) << 15  # [R, G] int32 (pieces of grouped_topk16, for timing)
+        ckey = B.order_key16(x2d[:, : min(k, groups) * 64]) << 15  # [R, C] int32, C = k * 64
+        out[f"  int32 group-key topk({min(k, groups)}) over [R, {groups}]"] = t(lambda: gkey.topk(min(k, groups), -1))
+        out[f"  int32 candidate-key topk({k}) over [R, {ckey.shape[1]}]"] = t(lambda: ckey.topk(k, -1))
+        out["grouped_topk16 (int32 keys, from group maxima)"] = t(lambda: B.grouped_topk16(x2d, gmax, k))
+        out["vocab step grouped (one read + grouped_topk16 + logq)"] = t(lambda: B._vocab_step_grouped(x2d, k))
     out["depth_topk (vocab step)"] = t(lambda: B.depth_topk(logits, k))
     logq, ids, _ = B.depth_topk(logits, k)
     js, rs, low = B._candidate_pairs(budget, k, device)
