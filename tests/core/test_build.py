@@ -332,3 +332,22 @@ def test_cuda_non_finite_logits_raise(bad_value: float, method: str, dtype: torc
     logits[1, 2, 3001] = bad_value
     with pytest.raises(ValueError, match="draft_logits"):
         build_tree(logits.to(dtype), 16, method=method)
+
+
+@CUDA
+def test_cuda_alias_graph_reads_the_callers_buffer_in_place() -> None:
+    from ddtree.core import build
+
+    build.clear_graph_cache()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    buf = torch.empty((2, 15, 20000), device="cuda", dtype=torch.bfloat16)  # [B, D, V], one buffer every round
+    for round_ in range(5):  # round 3 on replays the alias graph; new logits written into the buffer in place
+        buf.copy_(torch.randn(buf.shape, generator=gen, device="cuda") * 3)
+        if round_ % 2:
+            buf[0] = buf[0].round()  # ties
+        assert_same_tree(build_tree(buf, 32, method="heap"), build_tree(buf, 32, method="batched"))
+    assert any(g.reads(buf) for g in build._ALIAS_GRAPHS.values()), "no alias graph was captured for the buffer"
+    other = buf.clone()  # another address: the copying graph, same trees
+    other[1] = -other[1]
+    assert_same_tree(build_tree(other, 32, method="heap"), build_tree(other, 32, method="batched"))
+    build.clear_graph_cache()
