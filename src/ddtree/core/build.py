@@ -6,11 +6,13 @@ return identical trees (same nodes, same numbering, bit-identical logws):
 * ``heap``: the published per-request best-first heap (host side, Python ``heapq``).
 * ``batched``: a per-depth beam of width ``budget`` followed by a global top-``budget``, all tensor ops,
   no host round-trip, batched over requests. On CUDA it is captured once per shape in a CUDA graph and
-  replayed; there, for bf16/fp16 logits, the vocabulary step is one fused Triton radix select (row
-  logsumexp + exact top-k under the tie rule, three streaming reads, probed once per device against
-  torch; float32 logits keep the Triton logsumexp + torch / chunked top-k), and the whole per-depth beam
-  runs as one Triton program per request for widths <= 256 (checked once per shape against the torch
-  beam, which stays the eager reference and the CPU path).
+  replayed (reading a stable caller buffer in place once seen twice, else through a static copy); there,
+  for bf16/fp16 logits, the vocabulary step is one Triton read of the logits (row logsumexp, min and the
+  maxima of groups of 64 ids) followed by an exact pruned top-k on int32 keys (`grouped_topk16`, probed
+  once per device against torch); float32 logits keep the Triton logsumexp + `pruned_topk` (int64 keys);
+  the radix-select kernel is opt-in (DDTREE_FUSED_TOPK=1). The whole per-depth beam runs as one Triton
+  program per request for widths <= 256 (checked once per shape against the torch beam, which stays the
+  eager reference and the CPU path).
 
 The order on prefixes (the tie rule): descending logw, then smaller depth, then - between two prefixes of
 one depth - the earlier parent (in this same order), then the smaller rank (rank r = the r-th most
