@@ -216,6 +216,7 @@ def test_choose_method_rule() -> None:
                 assert choose_method(b, 15, 151936, budget, device) in ("heap", "batched")
     assert choose_method(64, 15, 151936, 256, "cpu") == "heap"
     assert choose_method(1, 15, 151936, 8, "cuda") == "batched"
+    assert choose_method(1, 15, 151936, 256, "cuda") == "batched"
 
 
 def _tie_rule_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

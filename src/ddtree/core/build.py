@@ -69,27 +69,16 @@ def _validate(
 def choose_method(batch: int, depth: int, vocab: int, budget: int, device: torch.device | str) -> str:
     """The builder `method="auto"` uses for a shape (rule from the measurements in benchmarks/NOTES-core.md).
 
-    CUDA: "batched" except for a single request with a beam of 256 or more. On one H200 (V = 151,936,
-    D = 15, bf16; three runs) the graph-replayed batched build beat the heap in every cell with budget
-    <= 64 (B = 1 included) and every cell with B >= 2 (B = 2: 1.11 vs 2.33 ms at budget 128); at B = 1
-    and budget 128 it won two runs of three (1.09 vs 1.32 ms, 1.10 vs 1.59 ms; 1.05 vs 1.02 ms), at
-    B = 1 and budget 256 the heap won both runs (1.17 vs 1.52 ms, 1.49 vs 1.54 ms): beams wider than 64
-    leave the one-program Triton beam for the torch beam, whose fixed cost then passes the heap's pops.
+    CUDA -> "batched" at every shape. On one H200 (V = 151,936, D = 15, bf16), with the one-read statistics
+    kernel, the int32-key grouped top-k and the Triton beam up to width 256, the graph-replayed batched
+    build beat the heap in every cell of B 1, 8, 64 x budget 32, 128, 256, in each of three runs; the
+    closest cell, B = 1 / budget 256: 0.73 vs 1.55 ms, 0.74 vs 1.86 ms, 0.91 vs 2.61 ms
+    (benchmarks/h200-2026-11-30-s3/). Before the wide Triton beam the heap won that cell.
     CPU (and other devices) -> "heap": the vocabulary step dominates both builders, and the eager beam's
     extra tensor ops never paid for themselves on CPU (B 1..64, budget 16..256, V = 4096, one thread).
-    TODO(lead): re-measure with the fused vocabulary step and the Triton beam for widths 128 / 256
-    (benchmarks/gpu_build_check.sh); if batched then wins B = 1 / budget 256 as well, drop the heap cell.
     """
     device = torch.device(device)
-    if device.type != "cuda":
-        return "heap"
-    if batch <= _CUDA_HEAP_MAX_BATCH and budget >= _CUDA_HEAP_MIN_BUDGET:
-        return "heap"
-    return "batched"
-
-
-_CUDA_HEAP_MAX_BATCH = 1
-_CUDA_HEAP_MIN_BUDGET = 256
+    return "batched" if device.type == "cuda" else "heap"
 
 
 # --------------------------------------------------------------------------------------------------
