@@ -45,31 +45,33 @@ def _split_stats_kernel(
     start = split * SPLIT_LEN
     stop = tl.minimum(start + SPLIT_LEN, V)
     offs = tl.arange(0, BLOCK)
-    # pass 1: max and min over this split (fp32 registers, the logits are read in their own dtype)
+    # ONE read: per-lane running max, rescaled sum of exp (online logsumexp), min, and the optional group
+    # maxima / high-byte histogram. (Two passes - max, then sum of exp - cost 0.36 ms at R = 960,
+    # V = 151,936 bf16 on an H200 against the ~0.1 ms of one streaming read.)
     m = tl.full([BLOCK], float("-inf"), tl.float32)
-    mn = tl.full([BLOCK], float("inf"), tl.float32)
-    for s in range(0, SPLIT_LEN, BLOCK):
-        idx = start + s + offs
-        msk = idx < stop
-        v = tl.load(base + idx, mask=msk, other=float("-inf")).to(tl.float32)
-        m = tl.maximum(m, v)
-        mn = tl.minimum(mn, tl.where(msk, v, float("inf")))
-        if GMAX:  # masked lanes are -inf; a short last group keeps the max of its real ids
-            gm = tl.max(tl.reshape(v, (BLOCK // GROUP, GROUP)), axis=1)  # [BLOCK // GROUP]
-            gidx = (start + s) // GROUP + tl.arange(0, BLOCK // GROUP)
-            tl.store(gmax_ptr + row.to(tl.int64) * num_groups + gidx, gm, mask=gidx < num_groups)
-    split_max = tl.max(m, 0)
-    # pass 2: sum of exp(x - max); the split (a few hundred KB at most per program) is mostly still in L2
     acc = tl.zeros([BLOCK], tl.float32)
+    mn = tl.full([BLOCK], float("inf"), tl.float32)
     hist = tl.zeros([512], tl.int32)
     for s in range(0, SPLIT_LEN, BLOCK):
         idx = start + s + offs
         msk = idx < stop
         raw = tl.load(base + idx, mask=msk, other=float("-inf"))
         v = raw.to(tl.float32)
-        acc += tl.where(msk, tl.exp(v - split_max), 0.0)
+        new_m = tl.maximum(m, v)  # may ignore nan (fmax): nan is caught through acc below
+        # lanes that have seen only -inf: nothing to add or rescale (acc * 0 keeps a nan seen earlier);
+        # +inf or nan make acc nan, so the row's logsumexp is non-finite and the caller flags it
+        empty = (new_m == float("-inf")) & (v == float("-inf"))
+        acc = tl.where(empty, acc * 0.0, acc * tl.exp(m - new_m) + tl.exp(v - new_m))
+        m = new_m
+        mn = tl.minimum(mn, tl.where(msk, v, float("inf")))
+        if GMAX:  # masked lanes are -inf; a short last group keeps the max of its real ids
+            gm = tl.max(tl.reshape(v, (BLOCK // GROUP, GROUP)), axis=1)  # [BLOCK // GROUP]
+            gidx = (start + s) // GROUP + tl.arange(0, BLOCK // GROUP)
+            tl.store(gmax_ptr + row.to(tl.int64) * num_groups + gidx, gm, mask=gidx < num_groups)
         if HIST:  # the same read also bins the high byte (bins 256.. collect the masked lanes)
             hist += tl.histogram(tl.where(msk, _order_key16(raw) >> 8, 511), 512)
+    split_max = tl.max(m, 0)
+    acc = tl.where(m == float("-inf"), acc * 0.0, acc * tl.exp(m - split_max))
     out = row * num_splits + split
     if HIST:
         bins = tl.arange(0, 512)
