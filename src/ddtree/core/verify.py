@@ -50,11 +50,7 @@ def _check_tree(tree: object) -> DDTreeBuildResult:
 
 def check_verify_inputs(tree: DDTreeBuildResult, target_logits: torch.Tensor) -> None:
     """ValueError (naming the argument) unless target_logits is a finite [B, N, V] tensor matching tree."""
-    _check_tree(tree)
-    check_tensor("target_logits", target_logits, ndim=3, floating=True)
-    check_dim("target_logits", target_logits, 0, tree.batch_size, "the tree's batch size")
-    check_dim("target_logits", target_logits, 1, tree.num_columns, "the tree's column count N")
-    check_same_device("target_logits", target_logits, "tree", tree.token_ids)
+    _check_verify_shapes(tree, target_logits)
     check_all_finite("target_logits", target_logits)
 
 
@@ -82,14 +78,25 @@ def edge_probs(tree: DDTreeBuildResult, probs: torch.Tensor, row_totals: torch.T
     With `row_totals` ([B, N, 1]), `probs` holds unnormalised weights and each value is divided by
     its parent row's total.
     """
-    batch, cols, vocab = probs.shape
-    real = tree.parents >= 0  # [B, N], root and padding have parent -1
-    parent = tree.parents.clamp_min(0)
-    flat = parent * vocab + tree.token_ids.clamp_min(0)  # [B, N]
-    values = probs.reshape(batch, cols * vocab).gather(1, flat).float()  # [B, N]
+    values = at_parent_rows(tree, probs)  # [B, N]
     if row_totals is not None:
-        values = values / row_totals.reshape(batch, cols).gather(1, parent)
-    return values.masked_fill_(~real, 0.0)
+        values = values / row_totals.reshape(tree.batch_size, -1).gather(1, tree.parents.clamp_min(0))
+    return values.masked_fill_(tree.parents < 0, 0.0)  # root and padding have parent -1
+
+
+def at_parent_rows(tree: DDTreeBuildResult, rows: torch.Tensor) -> torch.Tensor:
+    """[B, N] fp32: rows[b, parent(i), token(i)] from a per-node [B, N, V] tensor (root and padding read
+    row 0 / token 0: callers mask them)."""
+    batch, cols, vocab = rows.shape
+    flat = tree.parents.clamp_min(0) * vocab + tree.token_ids.clamp_min(0)  # [B, N]
+    return rows.reshape(batch, cols * vocab).gather(1, flat).float()
+
+
+def _inverse_temperatures(params: SamplingParams, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Temperature-only rows: (greedy [B] bool, 1 / T [B] fp32 with 1 for greedy rows)."""
+    temperature, _, _ = params.broadcast(batch, device)
+    greedy = temperature == 0  # [B]
+    return greedy, torch.where(greedy, torch.ones_like(temperature), temperature).reciprocal_()
 
 
 def path_products(tree: DDTreeBuildResult, edge_values: torch.Tensor, max_depth: int) -> torch.Tensor:
@@ -308,10 +315,8 @@ def _verify_lazy(
     """
     from ddtree.core.kernels import lazy_walk, scaled_row_lse_and_min
 
-    batch, cols, vocab = target_logits.shape
-    temperature, _, _ = params.broadcast(batch, target_logits.device)
-    greedy = temperature == 0  # [B]
-    inv_t = torch.where(greedy, torch.ones_like(temperature), temperature).reciprocal_()  # [B]
+    batch = target_logits.shape[0]
+    greedy, inv_t = _inverse_temperatures(params, batch, target_logits.device)  # [B] each
     lse, low = scaled_row_lse_and_min(target_logits, inv_t)  # [B, N] each
     if not bool(torch.isfinite(lse).all() & torch.isfinite(low).all()):
         check_all_finite("target_logits", target_logits)  # raises unless only x / T overflowed
@@ -320,10 +325,8 @@ def _verify_lazy(
     accepted_nodes, accept_len, bonus = lazy_walk(
         target_logits, lse, tree.parents, tree.token_ids, inv_t, ~greedy, uniforms, depth
     )
-    parent = tree.parents.clamp_min(0)
-    flat = parent * vocab + tree.token_ids.clamp_min(0)  # [B, N]
-    x_edge = target_logits.reshape(batch, cols * vocab).gather(1, flat).float()  # [B, N]
-    edge = torch.exp(x_edge * inv_t.unsqueeze(1) - lse.gather(1, parent))  # [B, N], masked in path_products
+    x_edge = at_parent_rows(tree, target_logits)  # [B, N]
+    edge = torch.exp(x_edge * inv_t.unsqueeze(1) - lse.gather(1, tree.parents.clamp_min(0)))  # masked in path_products
     sampled_expected = path_products(tree, edge, depth)[:, 1:].sum(dim=1)  # [B]
     expected = torch.where(greedy, accept_len.to(torch.float32), sampled_expected)
     return VerifyResult(
@@ -347,15 +350,11 @@ def _verify_fused(
 
     sampler = cdf_sample_rows if cdf_sampler_usable(target_logits.device) else gumbel_sample_rows
 
-    batch, cols, vocab = target_logits.shape
-    temperature, _, _ = params.broadcast(batch, target_logits.device)
-    greedy = temperature == 0  # [B]
-    inv_t = torch.where(greedy, torch.ones_like(temperature), temperature).reciprocal_()  # [B]
+    greedy, inv_t = _inverse_temperatures(params, target_logits.shape[0], target_logits.device)  # [B] each
     picks, lse = sampler(target_logits, inv_t, ~greedy, generator)  # [B, N] each
     real = tree.parents >= 0
     parent = tree.parents.clamp_min(0)
-    flat = parent * vocab + tree.token_ids.clamp_min(0)  # [B, N]
-    x_edge = target_logits.reshape(batch, cols * vocab).gather(1, flat).float()  # [B, N]
+    x_edge = at_parent_rows(tree, target_logits)  # [B, N]
     sampled_edge = torch.exp(x_edge * inv_t.unsqueeze(1) - lse.gather(1, parent))
     greedy_edge = (tree.token_ids == picks.gather(1, parent)).to(torch.float32)
     edge = torch.where(greedy.unsqueeze(1), greedy_edge, sampled_edge).masked_fill_(~real, 0.0)
