@@ -691,39 +691,21 @@ _FUSED_TOPK_OK: dict[int, bool] = {}
 
 
 def _probe_fused_topk(device: torch.device) -> bool:
-    """Check the fused vocabulary step once per device against an exact torch reference (ties included)."""
-    try:
-        from ddtree.core.triton_kernels import row_lse_and_min, row_topk_lse
-    except Exception:
-        return False
-    try:
-        gen = torch.Generator(device=device).manual_seed(0)
-        ok = True
-        for dtype in (torch.bfloat16, torch.float16):
-            x = torch.randn(6, 5003, device=device, generator=gen) * 4
-            x[::2] = x[::2].round()  # many exact ties, some straddling the k-th position
-            x = x.to(dtype)
-            k = 300
-            vals, ids, lse, row_min = row_topk_lse(x, k)
-            logq, ids = _sorted_logq(vals, ids, lse)
-            slot = torch.arange(x.shape[1], device=device).expand(x.shape[0], -1)
-            ref_ids = _descending_key(x.float(), slot).topk(k, dim=-1).indices  # [R, k] exact order
-            ref_lse, ref_min = row_lse_and_min(x)
-            ok &= torch.equal(ids, ref_ids) and torch.equal(logq, x.float().gather(1, ref_ids) - ref_lse[:, None])
-            ok &= torch.equal(lse, ref_lse) and torch.equal(row_min, ref_min)
-        if not ok:
-            warnings.warn("ddtree build_tree: fused Triton vocabulary step disagrees with torch; not used")
-        return bool(ok)
-    except Exception as exc:
-        warnings.warn(f"ddtree build_tree: fused Triton vocabulary step unavailable ({exc}); using torch")
-        return False
+    """Check the fused radix-select vocabulary step once per device (`_probe_vocab_step`), its row
+    logsumexp and minimum included."""
+    def step(x: torch.Tensor, k: int):
+        from ddtree.core.triton_kernels import row_topk_lse
+
+        vals, ids, lse, row_min = row_topk_lse(x, k)
+        return (*_sorted_logq(vals, ids, lse), lse, row_min)
+
+    return _probe_vocab_step(device, "fused Triton vocabulary step", step)
 
 
-_GROUPED_OK: dict[int, bool] = {}
-
-
-def _probe_grouped(device: torch.device) -> bool:
-    """Check `_vocab_step_grouped` once per device against an exact torch reference (ties, short last group)."""
+def _probe_vocab_step(device: torch.device, name: str, step) -> bool:
+    """Check a Triton vocabulary step `step(x, k) -> (logq, ids, lse or None, row_min or None)` once per device
+    against the exact tie-rule top-k and `row_lse_and_min`, on bf16/fp16 rows with many exact ties (some at
+    the k-th position and across group borders) and a short last group."""
     try:
         from ddtree.core.triton_kernels import row_lse_and_min
     except Exception:
@@ -733,20 +715,32 @@ def _probe_grouped(device: torch.device) -> bool:
         ok = True
         for dtype in _KEY16_DTYPES:
             x = torch.randn(6, 5003, device=device, generator=gen) * 4
-            x[::2] = x[::2].round()  # many exact ties, some straddling the k-th position and group borders
+            x[::2] = x[::2].round()
             x = x.to(dtype)
             k = 300
-            logq, ids, _ = _vocab_step_grouped(x, k)
+            logq, ids, lse, row_min = step(x, k)
             slot = torch.arange(x.shape[1], device=device).expand(x.shape[0], -1)
             ref_ids = _descending_key(x.float(), slot).topk(k, dim=-1).indices  # [R, k] exact order
-            ref_lse, _ = row_lse_and_min(x)
+            ref_lse, ref_min = row_lse_and_min(x)
             ok &= torch.equal(ids, ref_ids) and torch.equal(logq, x.float().gather(1, ref_ids) - ref_lse[:, None])
+            if lse is not None:
+                ok &= torch.equal(lse, ref_lse) and torch.equal(row_min, ref_min)
         if not ok:
-            warnings.warn("ddtree build_tree: grouped int32-key vocabulary step disagrees with torch; not used")
+            warnings.warn(f"ddtree build_tree: {name} disagrees with torch; not used")
         return bool(ok)
     except Exception as exc:
-        warnings.warn(f"ddtree build_tree: grouped vocabulary step unavailable ({exc}); using torch")
+        warnings.warn(f"ddtree build_tree: {name} unavailable ({exc}); using torch")
         return False
+
+
+_GROUPED_OK: dict[int, bool] = {}
+
+
+def _probe_grouped(device: torch.device) -> bool:
+    """Check `_vocab_step_grouped` once per device (`_probe_vocab_step`)."""
+    return _probe_vocab_step(
+        device, "grouped int32-key vocabulary step", lambda x, k: (*_vocab_step_grouped(x, k)[:2], None, None)
+    )
 
 
 def _probe_triton(device: torch.device) -> bool:
