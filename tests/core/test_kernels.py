@@ -315,14 +315,9 @@ lazy = pytest.mark.skipif(not _lazy_usable(), reason="lazy Triton walk not usabl
 LAZY_ROWS = ROWS if FUSED_DEVICE.type == "cuda" else 6_000
 
 
-def _lazy_case(seed: int, vocab: int = 8, num_nodes: int = 4, depth: int = 3):
-    rng = random.Random(seed)
-    nodes = random_tree(num_nodes, vocab, depth, rng)
-    gen = torch.Generator().manual_seed(seed)
-    row_logits = torch.randn(num_nodes, vocab, generator=gen)
-    for node in nodes[1:]:  # make tree tokens likely so deep paths are exercised
-        row_logits[node.parent, node.token] += 2.0
-    return nodes, row_logits
+def _lazy_case(seed: int):
+    """A small case (4 nodes, V = 8): the Triton interpreter runs the lazy walk one program at a time."""
+    return _random_case(seed, vocab=8, num_nodes=4, depth=3)
 
 
 def _cpu(result):

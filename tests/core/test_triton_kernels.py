@@ -134,17 +134,22 @@ def test_fused_step_rejects_bad_k(bad_k) -> None:
         row_topk_lse(torch.zeros((2, 300), device=DEVICE), 4)
 
 
-@pytest.mark.parametrize("dtype", FUSED_DTYPES)
-@pytest.mark.parametrize("budget", [5, 40])
-def test_heap_equals_batched_on_the_fused_step(monkeypatch, dtype: torch.dtype, budget: int) -> None:
-    # force the fused step on this device (CPU under the interpreter too): both builders then use it
-    monkeypatch.setattr(build, "_fused_topk_usable", lambda x2d: x2d.dtype in FUSED_DTYPES)
+def assert_heap_equals_batched(dtype: torch.dtype, budget: int) -> None:
+    """Both builders on tied and distinct [2, 4, 150] logits give identical trees."""
     for x in (tied_logits(2 * 4, 150, 1.0, dtype, seed=9), distinct_logits(2 * 4, 150, dtype, seed=9)):
         logits = x.view(2, 4, 150)
         heap = build_tree(logits, budget, method="heap")
         batched = build_tree(logits, budget, method="batched")
         for f in FIELDS:
             assert torch.equal(getattr(heap, f), getattr(batched, f)), f
+
+
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+@pytest.mark.parametrize("budget", [5, 40])
+def test_heap_equals_batched_on_the_fused_step(monkeypatch, dtype: torch.dtype, budget: int) -> None:
+    # force the fused step on this device (CPU under the interpreter too): both builders then use it
+    monkeypatch.setattr(build, "_fused_topk_usable", lambda x2d: x2d.dtype in FUSED_DTYPES)
+    assert_heap_equals_batched(dtype, budget)
 
 
 # ---------------------------------------------------------------- one read (lse + min + group maxima) + int32 keys
@@ -201,12 +206,7 @@ def test_heap_equals_batched_on_the_grouped_step(monkeypatch, dtype: torch.dtype
     calls = []
     step = build._vocab_step_grouped
     monkeypatch.setattr(build, "_vocab_step_grouped", lambda x2d, k: calls.append(k) or step(x2d, k))
-    for x in (tied_logits(2 * 4, 150, 1.0, dtype, seed=9), distinct_logits(2 * 4, 150, dtype, seed=9)):
-        logits = x.view(2, 4, 150)
-        heap = build_tree(logits, budget, method="heap")
-        batched = build_tree(logits, budget, method="batched")
-        for f in FIELDS:
-            assert torch.equal(getattr(heap, f), getattr(batched, f)), f
+    assert_heap_equals_batched(dtype, budget)
     assert len(calls) >= 4  # both builders went through the grouped step
 
 
