@@ -30,19 +30,7 @@ else
     PY="python3"
     LIMITS=(55 90 85)
 fi
-status=0
-
-step() {  # step NAME LIMIT_S CMD...: run with a time limit, log to $OUT/NAME.log, print rc and seconds
-    local name=$1 limit=$2 start rc
-    shift 2
-    echo "=== $name (limit ${limit} s): $*"
-    start=$(date +%s)
-    timeout -k 5 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
-    rc=${PIPESTATUS[0]}
-    echo "=== $name: rc=$rc after $(( $(date +%s) - start )) s"
-    [ "$rc" -eq 0 ] || status=1
-    return 0
-}
+. benchmarks/check_common.sh
 
 echo "=== $(date -u +%FT%TZ) smoke=$SMOKE PYTHONPATH=$PYTHONPATH OUT=$OUT"
 $PY -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"

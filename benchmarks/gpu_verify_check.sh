@@ -32,18 +32,7 @@ else
     PYTEST_ARGS=(tests/core/test_kernels.py tests/core/test_verify.py)
     LIMITS=(100 75)
 fi
-status=0
-
-step() {  # step NAME LIMIT_S CMD...: run with a time limit, log to $OUT/NAME.log, print rc and seconds
-    local name=$1 limit=$2 start rc
-    shift 2
-    echo "=== $name (limit ${limit} s): $*"
-    start=$(date +%s)
-    timeout -k 5 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
-    rc=${PIPESTATUS[0]}
-    echo "=== $name: rc=$rc after $(( $(date +%s) - start )) s"
-    [ "$rc" -eq 0 ] || status=1
-}
+. benchmarks/check_common.sh
 
 step pytest "${LIMITS[0]}" $PY -m pytest -q -x "${PYTEST_ARGS[@]}"
 

@@ -1,0 +1,16 @@
+# Sourced by the GPU check scripts (gpu_build_check.sh, gpu_verify_check.sh): one timed, logged step.
+# step NAME LIMIT_S CMD...: run CMD under a time limit, log to $OUT/NAME.log, print its rc and seconds,
+# and set status=1 when it fails (the scripts go on and exit with $status).
+status=0
+
+step() {
+    local name=$1 limit=$2 start rc
+    shift 2
+    echo "=== $name (limit ${limit} s): $*"
+    start=$(date +%s)
+    timeout -k 5 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    rc=${PIPESTATUS[0]}
+    echo "=== $name: rc=$rc after $(( $(date +%s) - start )) s"
+    [ "$rc" -eq 0 ] || status=1
+    return 0
+}
