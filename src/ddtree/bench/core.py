@@ -216,9 +216,10 @@ def breakdown(batch: int, budget: int, *, vocab: int, depth: int, device: torch.
     out["isfinite(x).all()"] = t(lambda: torch.isfinite(x2d).all())
     out["x.topk(k) raw dtype"] = t(lambda: x2d.topk(k, dim=-1))
     out["log_softmax(x.float()).topk(k)"] = t(lambda: torch.log_softmax(x2d.float(), -1).topk(k, dim=-1))
-    groups = -(-vocab // 64)
-    out[f"group maxima amax ({groups} groups of 64)"] = t(
-        lambda: x2d[:, : vocab // 64 * 64].reshape(x2d.shape[0], -1, 64).amax(-1))
+    g = B.GROUP
+    groups = -(-vocab // g)
+    out[f"group maxima amax ({groups} groups of {g})"] = t(
+        lambda: x2d[:, : vocab // g * g].reshape(x2d.shape[0], -1, g).amax(-1))
     out["pruned_topk (group maxima)"] = t(lambda: B.pruned_topk(x2d, k))
     out["vocab step (lse + vocab_topk + sort)"] = t(lambda: B._vocab_step(x2d, k, fused=False))
     if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
@@ -233,7 +234,7 @@ def breakdown(batch: int, budget: int, *, vocab: int, depth: int, device: torch.
         out["triton row lse+min+group maxima (one read)"] = t(lambda: row_lse_min_groupmax(x2d, group=B.GROUP))
         _, _, gmax = row_lse_min_groupmax(x2d, group=B.GROUP)  # [R, G]
         gkey = B.order_key16(gmax.to(dtype)) << 15  # [R, G] int32 (pieces of grouped_topk16, for timing)
-        ckey = B.order_key16(x2d[:, : min(k, groups) * 64]) << 15  # [R, C] int32, C = k * 64
+        ckey = B.order_key16(x2d[:, : min(k, groups) * g]) << 15  # [R, C] int32, C = k * 64
         out[f"  int32 group-key topk({min(k, groups)}) over [R, {groups}]"] = t(lambda: gkey.topk(min(k, groups), -1))
         out[f"  int32 candidate-key topk({k}) over [R, {ckey.shape[1]}]"] = t(lambda: ckey.topk(k, -1))
         out["grouped_topk16 (int32 keys, from group maxima)"] = t(lambda: B.grouped_topk16(x2d, gmax, k))

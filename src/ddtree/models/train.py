@@ -419,8 +419,8 @@ def train_drafter(
         if pool is not None:
             rows = torch.randint(0, pool.shape[0], (spec.drafter_batch,), generator=gen)
             x = pool[rows].to(device)
-            if cached is not None:
-                precomputed = (cached[0][rows.to(cached[0].device)], cached[1][rows.to(cached[1].device)])
+            if cached is not None:  # pool_features put both on `device`
+                precomputed = tuple(t[rows.to(device)] for t in cached)
         else:
             x = random_windows(stream, spec.drafter_batch, spec.seq_len, gen).to(device)
         anchors = sample_anchors(x.shape[0], spec.drafter_anchors, x.shape[1], spec.block_size, gen).to(device)
