@@ -110,7 +110,10 @@ def _row_logsumexp(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return lse, bad
 
 
-def pruned_topk(x2d: torch.Tensor, k: int, group: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+GROUP = 64  # ids per group of the group-maxima pruning
+
+
+def pruned_topk(x2d: torch.Tensor, k: int, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k of each row of x2d [R, V] under the tie rule (value descending, then id ascending), sorted.
 
     Pruning by group maxima: split a row into groups of `group` consecutive ids; only the `k` groups with
@@ -168,7 +171,6 @@ def _fused_topk_usable(x2d: torch.Tensor) -> bool:
     return _FUSED_TOPK_OK[index]
 
 
-GROUP = 64  # ids per group of the group-maxima pruning
 _KEY16_DTYPES = (torch.bfloat16, torch.float16)
 _KEY16_LOW = 32767  # 15 low bits of an int32 key: (order key << 15) | (32767 - index), index < 32768
 
