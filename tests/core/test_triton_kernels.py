@@ -210,6 +210,68 @@ def test_heap_equals_batched_on_the_grouped_step(monkeypatch, dtype: torch.dtype
     assert len(calls) >= 4  # both builders went through the grouped step
 
 
+# ---------------------------------------------------------------- Triton select step (group maxima -> top-k)
+
+
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+@pytest.mark.parametrize(
+    "vocab, k, cap, levels",
+    [
+        (64, 64, 0, 1.0),  # one group: every id is a candidate
+        (300, 40, 0, 1.0),  # short last group, fewer groups (5) than k
+        (1000, 1, None, 0.5),
+        (2000, 16, 0, 0.5),  # 32 groups of 64, 16 taken, no compaction
+        (5003, 16, 64, 2.0),  # compaction: survivors of the threshold fit in 64 slots (or the fallback runs)
+        (5003, 16, 16, 0.5),  # compaction with as many slots as k: long tie runs overflow -> the fallback
+        (5003, 64, 256, 1.0),
+    ],
+)
+def test_select_step_is_exact_with_ties(dtype: torch.dtype, vocab: int, k: int, cap, levels: float) -> None:
+    from ddtree.core.triton_kernels import grouped_vocab_topk, row_lse_and_min
+
+    for x in (tied_logits(4, vocab, levels, dtype, seed=vocab + k), distinct_logits(2, vocab, dtype, seed=k)):
+        x = with_signed_zeros(x, seed=vocab) if levels == 1.0 else x
+        logq, ids, lse, row_min, bad = grouped_vocab_topk(x, k, group=build.GROUP, cap=cap)
+        ref_lse, ref_min = row_lse_and_min(x)
+        _, ref_ids = exact_reference(x, k, ref_lse)
+        assert torch.equal(ids, ref_ids)
+        assert torch.equal(logq, x.float().gather(1, ref_ids) - lse.unsqueeze(1))
+        assert torch.allclose(lse, ref_lse, rtol=1e-6, atol=1e-6)  # merged in the kernel: last bit may differ
+        assert torch.equal(row_min, ref_min)
+        assert not bad.any()
+
+
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+@pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), float("-inf")])
+def test_select_step_flags_non_finite_rows(dtype: torch.dtype, bad_value: float) -> None:
+    from ddtree.core.triton_kernels import grouped_vocab_topk
+
+    x = distinct_logits(4, 300, dtype, seed=1)
+    x[2, 77] = bad_value
+    bad = grouped_vocab_topk(x, 16)[4]
+    assert bad.tolist() == [0, 0, 1, 0]
+
+
+@pytest.mark.parametrize("bad_k", [0, 257, 301])
+def test_select_step_rejects_bad_k(bad_k: int) -> None:
+    from ddtree.core.triton_kernels import grouped_vocab_topk
+
+    with pytest.raises(ValueError, match="k must be"):
+        grouped_vocab_topk(distinct_logits(2, 300, torch.bfloat16, seed=0), bad_k)
+
+
+@pytest.mark.parametrize("budget", [5, 40])
+def test_heap_equals_batched_on_the_select_step(monkeypatch, budget: int) -> None:
+    # force the select step on this device (CPU under the interpreter too): both builders then use it
+    monkeypatch.setattr(build, "_fused_topk_usable", lambda x2d: False)
+    monkeypatch.setattr(build, "_select_usable", lambda x2d, k: x2d.dtype in FUSED_DTYPES)
+    calls = []
+    step = build._vocab_step_select
+    monkeypatch.setattr(build, "_vocab_step_select", lambda x2d, k: calls.append(k) or step(x2d, k))
+    assert_heap_equals_batched(torch.bfloat16, budget)
+    assert len(calls) >= 4  # both builders went through the select step
+
+
 # ---------------------------------------------------------------- one-program beam
 
 
@@ -237,6 +299,37 @@ def test_triton_beam_equals_torch_beam(width: int, ties: bool) -> None:
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("width, budget", [(8, 8), (64, 64), (128, 128), (16, 40)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_triton_tree_from_beam_equals_torch(width: int, budget: int, ties: bool) -> None:
+    from ddtree.core.triton_kernels import tree_from_beam
+
+    d = 3 if not ON_CUDA else 15
+    logq, ids = beam_inputs(2, d, width, ties, seed=width + budget)
+    js, rs, pair_low = _candidate_pairs(width, width, DEVICE)
+    beam = _beam_torch(logq, ids, js, rs, pair_low, width)
+    got = tree_from_beam(*beam, budget)
+    ref = build._tree_from_beam_torch(*beam, budget)
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
+
+
+def test_triton_tree_from_beam_pads_a_short_tree() -> None:
+    """Fewer real prefixes than the budget (-inf beam padding): the same padding as the torch tail."""
+    from ddtree.core.triton_kernels import tree_from_beam
+
+    logq, ids = beam_inputs(2, 2, 4, False, seed=3)  # D = 2, k = 4: at most 4 + 16 prefixes
+    logq[1, 1, 2:] = float("-inf")  # request 1: only 2 tokens at depth 2
+    width = 32
+    js, rs, pair_low = _candidate_pairs(width, 4, DEVICE)
+    beam = _beam_torch(logq, ids, js, rs, pair_low, width)
+    got = tree_from_beam(*beam, width)
+    ref = build._tree_from_beam_torch(*beam, width)
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
+    assert got[4].tolist() == [1 + 4 + 16, 1 + 4 + 8]
+
+
 # ---------------------------------------------------------------- the real GPU paths are switched on
 
 cuda_only = pytest.mark.skipif(not ON_CUDA, reason="the probes only run on CUDA")
@@ -258,6 +351,14 @@ def test_grouped_step_is_enabled_on_cuda(dtype: torch.dtype) -> None:
 
 
 @cuda_only
+@pytest.mark.parametrize("dtype", FUSED_DTYPES)
+def test_select_step_is_enabled_on_cuda(dtype: torch.dtype) -> None:
+    assert build._select_usable(torch.zeros((2, 8), dtype=dtype, device="cuda"), 8), "probe failed: see warnings"
+    assert not build._select_usable(torch.zeros((2, 8), device="cuda"), 8), "float32 keeps the torch step"
+    assert not build._select_usable(torch.zeros((2, 4096), dtype=dtype, device="cuda"), 300), "k > 256"
+
+
+@cuda_only
 @pytest.mark.parametrize("budget", [32, 128, 256])
 def test_triton_beam_is_used_on_cuda(budget: int) -> None:
     if budget > build._triton_beam_max_width():
@@ -266,5 +367,5 @@ def test_triton_beam_is_used_on_cuda(budget: int) -> None:
     logits = (torch.randn((2, 15, 4096), generator=gen, device="cuda") * 3).to(torch.bfloat16)
     logq, ids, _ = build.depth_topk(logits, budget)
     js, rs, low = _candidate_pairs(budget, budget, DEVICE)
-    got = build._beam_triton_checked(logq, ids, js, rs, low, budget)
+    got = build._triton_tail_checked(logq, ids, js, rs, low, budget, budget)
     assert got is not None, "Triton beam failed or disagreed with the torch beam: see warnings"

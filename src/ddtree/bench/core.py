@@ -239,14 +239,23 @@ def breakdown(batch: int, budget: int, *, vocab: int, depth: int, device: torch.
         out[f"  int32 candidate-key topk({k}) over [R, {ckey.shape[1]}]"] = t(lambda: ckey.topk(k, -1))
         out["grouped_topk16 (int32 keys, from group maxima)"] = t(lambda: B.grouped_topk16(x2d, gmax, k))
         out["vocab step grouped (one read + grouped_topk16 + logq)"] = t(lambda: B._vocab_step_grouped(x2d, k))
+    if device.type == "cuda" and B._select_usable(x2d, k):  # the default CUDA bf16/fp16 step for k <= 256
+        from ddtree.core.triton_kernels import GROUPED_SELECT_CAP, grouped_vocab_topk
+
+        for cap in (GROUPED_SELECT_CAP, 0):
+            out[f"triton select step (one read + one program/row, cap {cap})"] = t(
+                lambda: grouped_vocab_topk(x2d, k, group=B.GROUP, cap=cap))
     out["depth_topk (vocab step)"] = t(lambda: B.depth_topk(logits, k))
     logq, ids, _ = B.depth_topk(logits, k)
     js, rs, low = B._candidate_pairs(budget, k, device)
     out[f"beam torch ({js.numel()} candidates/depth)"] = t(lambda: B._beam_torch(logq, ids, js, rs, low, budget))
-    if device.type == "cuda" and B._beam_triton_checked(logq, ids, js, rs, low, budget) is not None:
-        from ddtree.core.triton_kernels import beam_search
+    beam = B._beam_torch(logq, ids, js, rs, low, budget)
+    out["tree from beam torch"] = t(lambda: B._tree_from_beam_torch(*beam, budget))
+    if device.type == "cuda" and B._triton_tail_checked(logq, ids, js, rs, low, budget, budget) is not None:
+        from ddtree.core.triton_kernels import beam_search, tree_from_beam
 
         out["beam triton (one program/request)"] = t(lambda: beam_search(logq, ids, js, rs, budget))
+        out["tree from beam triton"] = t(lambda: tree_from_beam(*beam, budget))
     out["batched eager total"] = t(lambda: B._batched_tensors(logits, budget))
     if device.type == "cuda":
         out["static input copy"] = t(lambda: torch.empty_like(logits).copy_(logits))

@@ -247,6 +247,37 @@ def _vocab_step_grouped(x2d: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     return vals.float() - lse.unsqueeze(1), ids, bad
 
 
+def _vocab_step_select(x2d: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x2d [R, V] bf16/fp16 -> (logq [R, k] float32 descending, ids [R, k] int64, bad 0-dim bool) in two
+    Triton kernels: one read for the statistics and group maxima, then one program per row that selects the
+    exact top-k from the group maxima (`grouped_vocab_topk`; k <= 256)."""
+    from ddtree.core.triton_kernels import grouped_vocab_topk
+
+    logq, ids, _, _, bad_rows = grouped_vocab_topk(x2d, k, group=GROUP)  # [R, k] x2, ..., [R] int8
+    return logq, ids, bad_rows.any()
+
+
+def _select_usable(x2d: torch.Tensor, k: int) -> bool:
+    """`_vocab_step_select` applies: CUDA, bf16/fp16, k <= 256 and the int32 keys hold, not turned off with
+    DDTREE_NO_TRITON_SELECT, probed once per device against an exact reference."""
+    if not x2d.is_cuda or x2d.dtype not in _KEY16_DTYPES:
+        return False
+    if os.environ.get("DDTREE_NO_TRITON_SELECT", "") in ("1", "true", "yes"):
+        return False
+    if not _triton_lse_usable(x2d.device):
+        return False
+    from ddtree.core.triton_kernels import grouped_select_fits
+
+    if not grouped_select_fits(x2d.shape[1], k, GROUP):
+        return False
+    index = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
+    if index not in _SELECT_OK:
+        if torch.cuda.is_current_stream_capturing():
+            return False  # never compile or check inside a capture
+        _SELECT_OK[index] = _probe_select(torch.device("cuda", index))
+    return _SELECT_OK[index]
+
+
 def _sorted_logq(
     vals32: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,7 +318,9 @@ def depth_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     """
     b, d, v = draft_logits.shape
     x2d = draft_logits.reshape(b * d, v)  # [R, V]
-    if not _fused_topk_usable(x2d) and _grouped_usable(x2d, k):
+    if not _fused_topk_usable(x2d) and _select_usable(x2d, k):
+        logq, ids, bad = _vocab_step_select(x2d, k)
+    elif not _fused_topk_usable(x2d) and _grouped_usable(x2d, k):
         logq, ids, bad = _vocab_step_grouped(x2d, k)
     else:
         logq, ids, bad = _vocab_step(x2d, k, fused=_fused_topk_usable(x2d))
@@ -427,22 +460,13 @@ def _beam_torch(
     return torch.stack(all_logw, 1), torch.stack(all_tok, 1), torch.stack(all_par, 1)
 
 
-def _batched_tensors(logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
-    """Pure tensor body of the batched build (no host sync; CUDA-graph capturable once constants exist).
-
-    Returns token_ids, parents, depths, node_logws [B, N], num_nodes [B], bad (0-dim bool).
-    """
-    b, d, v = logits.shape
-    k = min(budget, v)
-    w = budget  # beam width
-    dev = logits.device
-    logq, ids, bad = depth_topk(logits, k)  # [B, D, k] x2
-    js, rs, pair_low = _candidate_pairs(w, k, dev)  # [M] x3
-
-    beam = _beam_triton_checked(logq, ids, js, rs, pair_low, w) if logits.is_cuda else None
-    if beam is None:
-        beam = _beam_torch(logq, ids, js, rs, pair_low, w)
-    beam_logw, beam_tok, beam_par = beam  # [B, D, W] x3
+def _tree_from_beam_torch(
+    beam_logw: torch.Tensor, beam_tok: torch.Tensor, beam_par: torch.Tensor, budget: int
+) -> tuple[torch.Tensor, ...]:
+    """Beam [B, D, W] x3 -> token_ids, parents, depths, node_logws [B, N] and num_nodes [B] (the eager
+    reference of the tail; `triton_kernels.tree_from_beam` is its one-kernel twin)."""
+    b, d, w = beam_logw.shape
+    dev = beam_logw.device
     flat_logw = beam_logw.reshape(b, d * w)  # [B, D*W], depth-major
     flat_tok = beam_tok.reshape(b, d * w)
     flat_par = beam_par.reshape(b, d * w)
@@ -471,7 +495,23 @@ def _batched_tensors(logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, .
         [torch.zeros((b, 1), dtype=torch.float32, device=dev), torch.where(valid, sel_logw, float("-inf"))], 1
     )
     num_nodes = valid.sum(1) + 1  # [B]
-    return token_ids, parents, depths, node_logws, num_nodes, bad
+    return token_ids, parents, depths, node_logws, num_nodes
+
+
+def _batched_tensors(logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
+    """Pure tensor body of the batched build (no host sync; CUDA-graph capturable once constants exist).
+
+    Returns token_ids, parents, depths, node_logws [B, N], num_nodes [B], bad (0-dim bool).
+    """
+    b, d, v = logits.shape
+    k = min(budget, v)
+    w = budget  # beam width
+    logq, ids, bad = depth_topk(logits, k)  # [B, D, k] x2
+    js, rs, pair_low = _candidate_pairs(w, k, logits.device)  # [M] x3
+    tree = _triton_tail_checked(logq, ids, js, rs, pair_low, w, budget) if logits.is_cuda else None
+    if tree is None:
+        tree = _tree_from_beam_torch(*_beam_torch(logq, ids, js, rs, pair_low, w), budget)
+    return (*tree, bad)
 
 
 def _result(tensors: tuple[torch.Tensor, ...]) -> DDTreeBuildResult:
@@ -649,44 +689,47 @@ def _triton_beam_max_width() -> int:
 
 
 _TRITON_BEAM_MAX_WIDTH = 256
-_TRITON_BEAM_STATE: dict[tuple, bool] = {}  # (device, D, k, width) -> checked against the torch beam
+_TRITON_TAIL_STATE: dict[tuple, bool] = {}  # (device, D, k, width, budget) -> checked against torch
 
 
-def _beam_triton_checked(
-    logq: torch.Tensor, ids: torch.Tensor, js: torch.Tensor, rs: torch.Tensor, pair_low: torch.Tensor, w: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The Triton beam when usable for this shape, else None (the caller runs the torch beam).
+def _triton_tail_checked(
+    logq: torch.Tensor, ids: torch.Tensor, js: torch.Tensor, rs: torch.Tensor, pair_low: torch.Tensor, w: int,
+    budget: int,
+) -> tuple[torch.Tensor, ...] | None:
+    """The Triton tail (one-program beam, then one-program tree assembly) when usable for this shape, else
+    None (the caller runs the torch tail). Returns token_ids, parents, depths, node_logws, num_nodes.
 
-    The first call per shape (never inside a graph capture) compiles the kernel and compares its output with
-    the torch beam on the real input; a failure or a mismatch turns it off for that shape, with a warning.
+    The first call per shape (never inside a graph capture) compiles the kernels and compares their output
+    with the torch tail on the real input; a failure or a mismatch turns them off for that shape, with a
+    warning. DDTREE_NO_TRITON_BEAM turns both off.
     """
     if os.environ.get("DDTREE_NO_TRITON_BEAM", "") in ("1", "true", "yes"):
         return None
     if w > _triton_beam_max_width() or not _triton_lse_usable(logq.device):
         return None
     b, d, k = logq.shape
-    key = (logq.device.index, d, k, w)
-    state = _TRITON_BEAM_STATE.get(key)
+    key = (logq.device.index, d, k, w, budget)
+    state = _TRITON_TAIL_STATE.get(key)
     if state is False:
         return None
     if state is None and torch.cuda.is_current_stream_capturing():
         return None  # never compile or check inside a capture
-    from ddtree.core.triton_kernels import beam_search
+    from ddtree.core.triton_kernels import beam_search, tree_from_beam
 
     if state is None:
         try:
-            got = beam_search(logq, ids, js, rs, w)
-            ref = _beam_torch(logq, ids, js, rs, pair_low, w)
+            got = tree_from_beam(*beam_search(logq, ids, js, rs, w), budget)
+            ref = _tree_from_beam_torch(*_beam_torch(logq, ids, js, rs, pair_low, w), budget)
             ok = all(torch.equal(x, y) for x, y in zip(got, ref))
-        except Exception as exc:  # compile or launch failure: the torch beam is exact too
+        except Exception as exc:  # compile or launch failure: the torch tail is exact too
             warnings.warn(f"ddtree build_tree: Triton beam unavailable for {key} ({exc}); using the torch beam")
             ok = False
         else:
             if not ok:
                 warnings.warn(f"ddtree build_tree: Triton beam disagrees with the torch beam for {key}; not used")
-        _TRITON_BEAM_STATE[key] = ok
+        _TRITON_TAIL_STATE[key] = ok
         return got if ok else None
-    return beam_search(logq, ids, js, rs, w)
+    return tree_from_beam(*beam_search(logq, ids, js, rs, w), budget)
 
 
 _FUSED_TOPK_OK: dict[int, bool] = {}
@@ -704,9 +747,10 @@ def _probe_fused_topk(device: torch.device) -> bool:
     return _probe_vocab_step(device, "fused Triton vocabulary step", step)
 
 
-def _probe_vocab_step(device: torch.device, name: str, step) -> bool:
+def _probe_vocab_step(device: torch.device, name: str, step, *, k: int = 300) -> bool:
     """Check a Triton vocabulary step `step(x, k) -> (logq, ids, lse or None, row_min or None)` once per device
-    against the exact tie-rule top-k and `row_lse_and_min`, on bf16/fp16 rows with many exact ties (some at
+    against the exact tie-rule top-k and `row_lse_and_min` (logsumexp within 1e-6: steps that merge their own
+    splits may round differently), on bf16/fp16 rows with many exact ties (some at
     the k-th position and across group borders) and a short last group."""
     try:
         from ddtree.core.triton_kernels import row_lse_and_min
@@ -719,14 +763,14 @@ def _probe_vocab_step(device: torch.device, name: str, step) -> bool:
             x = torch.randn(6, 5003, device=device, generator=gen) * 4
             x[::2] = x[::2].round()
             x = x.to(dtype)
-            k = 300
             logq, ids, lse, row_min = step(x, k)
             slot = torch.arange(x.shape[1], device=device).expand(x.shape[0], -1)
             ref_ids = _descending_key(x.float(), slot).topk(k, dim=-1).indices  # [R, k] exact order
             ref_lse, ref_min = row_lse_and_min(x)
-            ok &= torch.equal(ids, ref_ids) and torch.equal(logq, x.float().gather(1, ref_ids) - ref_lse[:, None])
+            own_lse = ref_lse if lse is None else lse  # a step that merges its own splits may round differently
+            ok &= torch.equal(ids, ref_ids) and torch.equal(logq, x.float().gather(1, ref_ids) - own_lse[:, None])
             if lse is not None:
-                ok &= torch.equal(lse, ref_lse) and torch.equal(row_min, ref_min)
+                ok &= torch.allclose(lse, ref_lse, rtol=1e-6, atol=1e-6) and torch.equal(row_min, ref_min)
         if not ok:
             warnings.warn(f"ddtree build_tree: {name} disagrees with torch; not used")
         return bool(ok)
@@ -742,6 +786,22 @@ def _probe_grouped(device: torch.device) -> bool:
     """Check `_vocab_step_grouped` once per device (`_probe_vocab_step`)."""
     return _probe_vocab_step(
         device, "grouped int32-key vocabulary step", lambda x, k: (*_vocab_step_grouped(x, k)[:2], None, None)
+    )
+
+
+_SELECT_OK: dict[int, bool] = {}
+
+
+def _probe_select(device: torch.device) -> bool:
+    """Check `grouped_vocab_topk` once per device (`_probe_vocab_step`), with and without compaction."""
+    from ddtree.core.triton_kernels import grouped_vocab_topk
+
+    def step(cap: int):
+        return lambda x, k: grouped_vocab_topk(x, k, group=GROUP, cap=cap)[:4]
+
+    return all(
+        _probe_vocab_step(device, f"Triton select vocabulary step (cap {cap})", step(cap), k=k)
+        for cap, k in ((None, 64), (0, 64), (128, 64), (64, 64))
     )
 
 

@@ -8,6 +8,8 @@ programs so that small batches still fill the GPU; the per-split (max, sum-exp) 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -58,10 +60,13 @@ def _split_stats_kernel(
         raw = tl.load(base + idx, mask=msk, other=float("-inf"))
         v = raw.to(tl.float32)
         new_m = tl.maximum(m, v)  # may ignore nan (fmax): nan is caught through acc below
-        # lanes that have seen only -inf: nothing to add or rescale (acc * 0 keeps a nan seen earlier);
-        # +inf or nan make acc nan, so the row's logsumexp is non-finite and the caller flags it
+        # One exp per element: with e = exp(-|v - m|), the online update acc * exp(m - new_m) +
+        # exp(v - new_m) is acc * e + 1 when v raises the lane max and acc + e otherwise (the same floats,
+        # since exp(0) == 1). Lanes that have seen only -inf: nothing to add or rescale (acc * 0 keeps a nan
+        # seen earlier); +inf or nan make acc nan, so the row's logsumexp is non-finite and the caller flags it.
         empty = (new_m == float("-inf")) & (v == float("-inf"))
-        acc = tl.where(empty, acc * 0.0, acc * tl.exp(m - new_m) + tl.exp(v - new_m))
+        e = tl.exp(-tl.abs(v - m))
+        acc = tl.where(empty, acc * 0.0, tl.where(v > m, acc * e + 1.0, acc + e))
         m = new_m
         mn = tl.minimum(mn, tl.where(msk, v, float("inf")))
         if GMAX:  # masked lanes are -inf; a short last group keeps the max of its real ids
@@ -81,9 +86,15 @@ def _split_stats_kernel(
     tl.store(min_ptr + out, tl.min(mn, 0))
 
 
+# Programs the statistics kernel aims for (rows x splits). With 1,024, R = 960 rows got one split each and the
+# one-read kernel ran at well under the H200's bandwidth; DDTREE_STATS_PROGRAMS overrides it for measurements.
+STATS_TARGET_PROGRAMS = 4096
+
+
 def _num_splits(rows: int, vocab: int, block: int) -> int:
-    # aim for >= ~4 programs per SM-ish (132 SMs on an H200) without splitting below a few blocks
-    target_programs = 1024
+    """Splits per row: enough programs to fill the GPU, never splits shorter than a few blocks."""
+    value = os.environ.get("DDTREE_STATS_PROGRAMS", "").strip()
+    target_programs = int(value) if value else STATS_TARGET_PROGRAMS
     splits = max(1, min(target_programs // max(rows, 1), vocab // (4 * block)))
     return max(splits, 1)
 
@@ -154,6 +165,182 @@ def _merge_stats(
     scale = torch.where(part_max == float("-inf"), torch.zeros_like(scale), scale)
     lse = row_max.squeeze(1) + torch.log((part_sum * scale).sum(1))
     return lse, part_min.amin(1)
+
+
+# --------------------------------------------------------------------------------------------------
+# grouped vocabulary step: the exact top-k of a row from its group maxima, one program per row
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _grouped_select_kernel(
+    x_ptr,  # [R, V] bf16/fp16 logits
+    stride_row,
+    V,
+    gmax_ptr,  # [R, G] float32 group maxima (from _split_stats_kernel)
+    G,
+    part_max_ptr,  # [R, S] float32 per-split statistics (from _split_stats_kernel)
+    part_sum_ptr,
+    part_min_ptr,
+    S,
+    logq_ptr,  # [R, K] float32 out: logit - logsumexp, in tie-rule order
+    ids_ptr,  # [R, K] int64 out
+    lse_ptr,  # [R] float32 out
+    min_ptr,  # [R] float32 out
+    bad_ptr,  # [R] int8 out: 1 when the row holds nan or +-inf
+    scratch_ptr,  # [R, CAP] int32 (CAP > 0): the compacted candidate keys
+    K: tl.constexpr,
+    K_PAD: tl.constexpr,  # power of two >= max(K, 16): groups taken and keys kept by the top-k
+    G_PAD: tl.constexpr,
+    S_PAD: tl.constexpr,
+    NG: tl.constexpr,  # groups taken: min(K_PAD, G_PAD)
+    GROUP: tl.constexpr,
+    CAP: tl.constexpr,  # 0: top-k over all NG * GROUP candidates; else first compact those >= the threshold
+):
+    """Row logsumexp / min merged from the splits, then the exact top-K (value descending, id ascending).
+
+    The K_PAD groups with the largest maxima (ties: smaller group) hold the top-K, because each holds one
+    value at least as large as anything outside them. Their ids are sorted ascending, so a candidate's
+    position p among the NG * GROUP candidates follows its id and the int32 key (order key << 15) |
+    (32767 - p) ranks by the tie rule. CAP > 0 first drops candidates below the K-th largest group maximum
+    (they cannot be in the top-K: K groups hold a value >= it) and runs the top-k over at most CAP survivors,
+    falling back to all candidates when more survive.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    # row statistics, merged like _merge_stats (a split that saw only -inf adds exactly 0)
+    s_offs = tl.arange(0, S_PAD)
+    s_mask = s_offs < S
+    p_max = tl.load(part_max_ptr + row * S + s_offs, mask=s_mask, other=float("-inf"))
+    p_sum = tl.load(part_sum_ptr + row * S + s_offs, mask=s_mask, other=0.0)
+    p_min = tl.load(part_min_ptr + row * S + s_offs, mask=s_mask, other=float("inf"))
+    row_max = tl.max(p_max, 0)
+    scale = tl.where(p_max == float("-inf"), 0.0, tl.exp(p_max - row_max))
+    lse = row_max + tl.log(tl.sum(p_sum * scale, 0))
+    row_min = tl.min(p_min, 0)
+    finite = (lse == lse) & (tl.abs(lse) < float("inf")) & (row_min > float("-inf"))
+    tl.store(lse_ptr + row, lse)
+    tl.store(min_ptr + row, row_min)
+    tl.store(bad_ptr + row, tl.where(finite, 0, 1).to(tl.int8))
+
+    # the NG groups with the largest maxima, as ascending group ids (BIG marks a missing group)
+    g_offs = tl.arange(0, G_PAD)
+    g_mask = g_offs < G
+    g_max = tl.load(gmax_ptr + row * G + g_offs, mask=g_mask, other=0.0)
+    g_key = (_order_key16(g_max.to(x_ptr.dtype.element_ty)) << 15) | (32767 - g_offs)
+    g_key = tl.where(g_mask, g_key, -1)
+    if NG < G_PAD:
+        top_g = tl.topk(g_key, NG)  # [NG] descending
+    else:
+        top_g = g_key
+    BIG: tl.constexpr = 1 << 24
+    gid = tl.where(top_g >= 0, 32767 - (top_g & 32767), BIG)
+    gid = tl.sort(gid)  # [NG] ascending
+
+    # candidates: every id of the chosen groups, in id order
+    lane = tl.arange(0, GROUP)
+    cid = tl.reshape(gid[:, None] * GROUP + lane[None, :], (NG * GROUP,))  # [C]
+    pos = tl.arange(0, NG * GROUP)
+    real = cid < V
+    x_row = x_ptr + row * stride_row
+    c_key = (_order_key16(tl.load(x_row + cid, mask=real, other=0.0)) << 15) | (32767 - pos)
+    c_key = tl.where(real, c_key, -1)
+
+    if CAP > 0:
+        # the K-th largest group key's order key: every top-K value's order key is >= it
+        j = tl.arange(0, NG)
+        thr = tl.min(tl.where(j < K, top_g, 2147483647), 0) >> 15
+        keep = c_key >= (thr << 15)
+        count = tl.sum(keep.to(tl.int32), 0)
+        if count <= CAP:
+            cap_offs = tl.arange(0, CAP)
+            scratch = scratch_ptr + row * CAP
+            tl.store(scratch + cap_offs, tl.full([CAP], -1, tl.int32))
+            tl.debug_barrier()
+            slot = tl.cumsum(keep.to(tl.int32), 0) - 1
+            tl.store(scratch + slot, c_key, mask=keep)
+            tl.debug_barrier()
+            top = tl.topk(tl.load(scratch + cap_offs), K_PAD)
+        else:
+            top = tl.topk(c_key, K_PAD)
+    else:
+        top = tl.topk(c_key, K_PAD)  # [K_PAD] descending: the top-K in tie-rule order first
+
+    out = tl.arange(0, K_PAD)
+    out_mask = out < K
+    p = 32767 - (top & 32767)
+    p = tl.where(out_mask & (top >= 0), p, 0)
+    ids = tl.gather(gid, p // GROUP, 0) * GROUP + p % GROUP  # [K_PAD]
+    ids = tl.where(out_mask, ids, 0)
+    vals = tl.load(x_row + ids, mask=out_mask, other=0.0).to(tl.float32)
+    tl.store(logq_ptr + row * K + out, vals - lse, mask=out_mask)
+    tl.store(ids_ptr + row * K + out, ids.to(tl.int64), mask=out_mask)
+
+
+GROUPED_SELECT_DTYPES = (torch.bfloat16, torch.float16)
+GROUPED_SELECT_MAX_K = 256  # K_PAD * GROUP candidates held in one program (16,384 at K_PAD = 256)
+GROUPED_SELECT_CAP = 1024  # survivors of the group-maximum threshold kept for the final top-k (0: no compaction)
+
+
+def grouped_select_fits(vocab: int, k: int, group: int = 64) -> bool:
+    """`grouped_vocab_topk` handles this shape: 1 <= k <= min(V, GROUPED_SELECT_MAX_K) and int32 keys hold."""
+    k_pad = max(triton.next_power_of_2(max(k, 1)), 16)
+    groups = triton.cdiv(vocab, group)
+    ng = min(k_pad, triton.next_power_of_2(groups))
+    return 1 <= k <= min(vocab, GROUPED_SELECT_MAX_K) and groups <= 32768 and ng * group <= 32768
+
+
+def grouped_vocab_topk(
+    x: torch.Tensor, k: int, *, group: int = 64, cap: int | None = None, block: int = 2048
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tree builder's vocabulary step for bf16/fp16 logits x [R, V] in two kernels.
+
+    Returns logq [R, k] float32 (logit - row logsumexp, descending), ids [R, k] int64 (value descending, then
+    id ascending: exact, ties included), logsumexp [R], min [R] (float32) and bad [R] int8 (1: the row holds nan
+    or +-inf). One streaming read for the statistics and group maxima (`_split_stats_kernel`), then one program
+    per row selects from the group maxima. cap: compaction size (None: GROUPED_SELECT_CAP; 0: off).
+    logsumexp is merged in the kernel, so it may differ from `row_lse_and_min`'s in the last bit.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must have rank 2, got shape {tuple(x.shape)}")
+    if x.dtype not in GROUPED_SELECT_DTYPES:
+        raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
+    rows, vocab = x.shape
+    if not isinstance(k, int) or not grouped_select_fits(vocab, k, group):
+        raise ValueError(f"k must be an int in [1, min(V={vocab}, {GROUPED_SELECT_MAX_K})], got {k!r}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    cap = GROUPED_SELECT_CAP if cap is None else cap
+    k_pad = max(triton.next_power_of_2(k), 16)  # taking more groups stays exact; size-1 sorts do not compile
+    splits, split_len = _split_geometry(rows, vocab, block)
+    groups = triton.cdiv(vocab, group)
+    g_pad = triton.next_power_of_2(groups)
+    ng = min(k_pad, g_pad)
+    if cap and (ng == g_pad or cap < k_pad or cap >= ng * group or cap & (cap - 1)):
+        # compaction needs a power of two between K_PAD and the candidate count, and more groups than taken
+        # (the threshold is the K-th largest group maximum of a sorted top-k)
+        cap = 0
+    dev = x.device
+    part_max = torch.empty((rows, splits), dtype=torch.float32, device=dev)  # [R, S]
+    part_sum = torch.empty_like(part_max)
+    part_min = torch.empty_like(part_max)
+    gmax = torch.empty((rows, groups), dtype=torch.float32, device=dev)  # [R, G]
+    _split_stats_kernel[(rows, splits)](
+        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max, gmax, groups,
+        SPLIT_LEN=split_len, BLOCK=block, HIST=False, GMAX=True, GROUP=group, num_warps=8,
+    )
+    logq = torch.empty((rows, k), dtype=torch.float32, device=dev)
+    ids = torch.empty((rows, k), dtype=torch.int64, device=dev)
+    lse = torch.empty((rows,), dtype=torch.float32, device=dev)
+    row_min = torch.empty_like(lse)
+    bad = torch.empty((rows,), dtype=torch.int8, device=dev)
+    scratch = torch.empty((rows, max(cap, 1)), dtype=torch.int32, device=dev)
+    _grouped_select_kernel[(rows,)](
+        x, x.stride(0), vocab, gmax, groups, part_max, part_sum, part_min, splits,
+        logq, ids, lse, row_min, bad, scratch,
+        K=k, K_PAD=k_pad, G_PAD=g_pad, S_PAD=triton.next_power_of_2(splits), NG=ng, GROUP=group, CAP=cap,
+        num_warps=16 if ng * group >= 16384 else 8 if ng * group >= 4096 else 4,
+    )
+    return logq, ids, lse, row_min, bad
 
 
 # --------------------------------------------------------------------------------------------------
@@ -411,3 +598,89 @@ def beam_search(
         UNROLL=width <= BEAM_UNROLL_MAX_WIDTH, num_warps=8 if m_pad >= 2048 else 4,
     )
     return out_logw, out_tok, out_par
+
+
+# --------------------------------------------------------------------------------------------------
+# the beam's best `budget` prefixes over all depths -> the tree, one program per request
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _tree_from_beam_kernel(
+    logw_ptr,  # [B, D, W] float32 beam logws (each depth sorted in the prefix order, -inf padding)
+    tok_ptr,  # [B, D, W] int64
+    par_ptr,  # [B, D, W] int64 parent's position in the previous depth's beam
+    node_of_slot_ptr,  # [B, D * W] int32 scratch
+    token_ids_ptr,  # [B, N] int64 out (N = BUDGET + 1)
+    parents_ptr,  # [B, N] int64 out
+    depths_ptr,  # [B, N] int64 out
+    node_logws_ptr,  # [B, N] float32 out
+    num_nodes_ptr,  # [B] int64 out
+    W: tl.constexpr,
+    DW: tl.constexpr,  # D * W
+    DW_PAD: tl.constexpr,
+    BUDGET: tl.constexpr,
+    BUDGET_PAD: tl.constexpr,
+):
+    """Global top-BUDGET over all depths (descending logw, then smaller slot = smaller depth, then beam
+    position; the same int64 keys as the torch tail), numbered best-first, parents renumbered."""
+    b = tl.program_id(0).to(tl.int64)
+    slots = tl.arange(0, DW_PAD)
+    s_mask = slots < DW
+    logw = tl.load(logw_ptr + b * DW + slots, mask=s_mask, other=float("-inf"))
+    logw = tl.where(logw == 0.0, 0.0, logw)  # fold -0.0 onto +0.0
+    bits = logw.to(tl.int32, bitcast=True)
+    key = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << 32) + (4294967295 - slots.to(tl.int64))
+    key = tl.where(s_mask, key, -9223372036854775807 - 1)
+    top = tl.topk(key, BUDGET_PAD)  # [BUDGET_PAD] descending
+    i = tl.arange(0, BUDGET_PAD)
+    i_mask = i < BUDGET
+    slot = tl.where(i_mask, 4294967295 - (top & 4294967295), 0)
+    sel_logw = tl.load(logw_ptr + b * DW + slot)
+    sel_tok = tl.load(tok_ptr + b * DW + slot)
+    sel_par = tl.load(par_ptr + b * DW + slot)
+    depth0 = slot // W
+    valid = i_mask & (sel_logw > float("-inf"))
+    scratch = node_of_slot_ptr + b * DW
+    tl.store(scratch + slot, (i + 1).to(tl.int32), mask=i_mask)
+    tl.debug_barrier()  # node numbers were stored by other threads of this program
+    has_parent = valid & (depth0 > 0)
+    # a selected prefix's parent is selected too (it comes first in the order), so its slot holds a number
+    parent = tl.load(scratch + (depth0 - 1) * W + sel_par, mask=has_parent, other=0).to(tl.int64)
+    n = BUDGET + 1
+    out = b * n + 1 + i
+    tl.store(token_ids_ptr + out, tl.where(valid, sel_tok, -1), mask=i_mask)
+    tl.store(parents_ptr + out, tl.where(valid, parent, -1), mask=i_mask)
+    tl.store(depths_ptr + out, tl.where(valid, depth0 + 1, 0), mask=i_mask)
+    tl.store(node_logws_ptr + out, tl.where(valid, sel_logw, float("-inf")), mask=i_mask)
+    tl.store(token_ids_ptr + b * n, -1)  # the root
+    tl.store(parents_ptr + b * n, -1)
+    tl.store(depths_ptr + b * n, 0)
+    tl.store(node_logws_ptr + b * n, 0.0)
+    tl.store(num_nodes_ptr + b, tl.sum(valid.to(tl.int64), 0) + 1)
+
+
+def tree_from_beam(
+    beam_logw: torch.Tensor, beam_tok: torch.Tensor, beam_par: torch.Tensor, budget: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Triton twin of the torch tail of build._batched_tensors: beam [B, D, W] x3 -> token_ids, parents,
+    depths, node_logws [B, budget + 1] and num_nodes [B] (same keys, same numbering, same padding)."""
+    b, d, w = beam_logw.shape
+    if not 1 <= budget <= d * w:
+        raise ValueError(f"budget must be in [1, D * W = {d * w}], got {budget}")
+    dev = beam_logw.device
+    n = budget + 1
+    token_ids = torch.empty((b, n), dtype=torch.int64, device=dev)
+    parents = torch.empty_like(token_ids)
+    depths = torch.empty_like(token_ids)
+    node_logws = torch.empty((b, n), dtype=torch.float32, device=dev)
+    num_nodes = torch.empty((b,), dtype=torch.int64, device=dev)
+    scratch = torch.empty((b, d * w), dtype=torch.int32, device=dev)
+    dw_pad = triton.next_power_of_2(d * w)
+    _tree_from_beam_kernel[(b,)](
+        beam_logw.contiguous(), beam_tok.contiguous(), beam_par.contiguous(), scratch,
+        token_ids, parents, depths, node_logws, num_nodes,
+        W=w, DW=d * w, DW_PAD=dw_pad, BUDGET=budget, BUDGET_PAD=triton.next_power_of_2(budget),
+        num_warps=8 if dw_pad >= 2048 else 4,
+    )
+    return token_ids, parents, depths, node_logws, num_nodes
