@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Tree-build check on one GPU (issue 2's build target): one-read lse + min + group maxima (Triton) with the
-# int32-key pruned top-k, Triton beam up to width 256, alias CUDA graph (no static input copy).
+# Tree-build check on one GPU (issue 2's build target): one-read lse + min + group maxima (Triton), then the
+# Triton select step (exact top-k from the group maxima, one program per row), the Triton beam up to width 256
+# and the one-kernel tree assembly, under the alias CUDA graph (no static input copy).
 #
 #   PYTHONPATH=/tmp/site:src OUT=/some/dir benchmarks/gpu_build_check.sh          # H200, < 4 minutes
 #   PYTHONPATH=/tmp/tritonlib:src benchmarks/gpu_build_check.sh --smoke            # CPU, Triton interpreter
 #
 # Steps (each under its own time limit; the script goes on after a failure and exits 1 if any step failed):
-#   1. compile check at the real shape: first-call (compile) time of the grouped vocabulary step and of the
-#      runtime-loop Triton beam at widths 128 and 256; grouped top-k == exact reference, lse == row_lse_and_min,
-#      beam == torch beam. The widest beam that compiled and agreed is used below; if the wider ones fail or
+#   1. compile check at the real shape: the statistics kernel's time per programs target (split sweep); first-
+#      call (compile) time and time of the select step (with and without compaction), the runtime-loop Triton
+#      beam and the tree assembly at widths 128 and 256; select top-k == exact reference, lse close to
+#      row_lse_and_min, Triton tail == torch tail. The widest beam that compiled and agreed is used below; if the wider ones fail or
 #      time out, DDTREE_TRITON_BEAM_MAX_WIDTH is lowered so that those widths use the torch beam.
 #   2. the CUDA tests of tests/core/test_build.py (-k cuda) and tests/core/test_triton_kernels.py (without the
 #      opt-in radix-select "fused" tests, whose per-shape compiles made the previous run hit its limit).
@@ -28,7 +30,7 @@ if [ "$SMOKE" = 1 ]; then
     LIMITS=(120 240 120)
 else
     PY="python3"
-    LIMITS=(55 90 85)
+    LIMITS=(150 150 150)
 fi
 . benchmarks/check_common.sh
 
@@ -36,50 +38,87 @@ echo "=== $(date -u +%FT%TZ) smoke=$SMOKE PYTHONPATH=$PYTHONPATH OUT=$OUT"
 $PY -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 $PY -c "import triton; print('triton', triton.__version__)" || echo "triton not importable"
 
-# ---- 1. compile time and agreement of the kernels, one width at a time -------------------------------
+# ---- 1. compile time and agreement of the kernels, one width at a time; statistics split sweep --------
 rm -f "$OUT/beam_ok_width"
 step compile_check "${LIMITS[0]}" $PY - <<'PY'
 import os
+import statistics
 import time
 
 import torch
 
 from ddtree.core import build
-from ddtree.core.triton_kernels import beam_search, row_lse_and_min
+from ddtree.core.triton_kernels import (
+    GROUPED_SELECT_CAP, beam_search, grouped_vocab_topk, row_lse_and_min, row_lse_min_groupmax, tree_from_beam,
+)
 
 smoke = os.environ["SMOKE"] == "1"
 dev = torch.device("cpu" if smoke else "cuda")
-b, d, v = (2, 3, 512) if smoke else (64, 15, 151_936)
-widths = (8, 32) if smoke else (128, 256)  # widths <= 64 (unrolled, measured before) run in steps 2, 3
+b, d, v = (2, 3, 5003) if smoke else (64, 15, 151_936)
+widths = (16, 32) if smoke else (128, 256)  # widths <= 64 (unrolled, measured before) run in steps 2, 3
 gen = torch.Generator(device=dev).manual_seed(0)
 x = (torch.randn((b * d, v), generator=gen, device=dev) * 3).to(torch.bfloat16)  # [R, V]
 x[::3] = x[::3].round()  # exact ties, also across groups and at the k-th position
 
 
+def sync():
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def first_call(name, fn):
     start = time.perf_counter()
     out = fn()
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    sync()
     print(f"{name}: first call (compile + run) {time.perf_counter() - start:.1f} s", flush=True)
     return out
 
 
+def median_ms(fn, repeats=20):
+    if smoke:
+        return float("nan")
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        sync()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 if not smoke:
-    print(f"grouped step usable (probe): {build._grouped_usable(x, widths[0])}", flush=True)
+    print(f"select step usable (probe): {build._select_usable(x, widths[0])}", flush=True)
+    for programs in (1024, 2048, 4096, 8192, 16384):  # statistics kernel: programs per launch
+        os.environ["DDTREE_STATS_PROGRAMS"] = str(programs)
+        ms = median_ms(lambda: row_lse_min_groupmax(x, group=build.GROUP))
+        print(f"one-read statistics, {programs} programs target: {ms:.3f} ms (eager, includes the torch merge)")
+    os.environ.pop("DDTREE_STATS_PROGRAMS")
 ref_lse, _ = row_lse_and_min(x)
+slot = torch.arange(v, device=dev).expand(b * d, -1)
 for w in widths:
-    logq, ids, bad = first_call(f"grouped vocab step k={w}", lambda: build._vocab_step_grouped(x, w))
-    slot = torch.arange(v, device=dev).expand(b * d, -1)
     ref_ids = build._descending_key(x.float(), slot).topk(w, dim=-1).indices
-    same_step = torch.equal(ids, ref_ids) and torch.equal(logq, x.float().gather(1, ref_ids) - ref_lse[:, None])
-    print(f"  grouped top-k + logq == exact reference: {same_step}, non-finite flag: {bool(bad)}", flush=True)
+    for cap in (GROUPED_SELECT_CAP, 0):
+        logq, ids, lse, _, bad = first_call(f"select step k={w} cap={cap}", lambda: grouped_vocab_topk(x, w, cap=cap))
+        same_step = torch.equal(ids, ref_ids) and torch.equal(logq, x.float().gather(1, ref_ids) - lse[:, None])
+        close = torch.allclose(lse, ref_lse, rtol=1e-6, atol=1e-6)
+        ms = median_ms(lambda: grouped_vocab_topk(x, w, cap=cap))
+        print(f"  exact top-k: {same_step}, lse close: {close}, flags: {int(bad.sum())}, {ms:.3f} ms", flush=True)
+        if not (same_step and close) or bool(bad.any()):
+            raise SystemExit(1)
     logq, ids = logq.view(b, d, w), ids.view(b, d, w)
     js, rs, low = build._candidate_pairs(w, w, dev)
-    got = first_call(f"beam_search width={w} ({js.numel()} candidates)", lambda: beam_search(logq, ids, js, rs, w))
-    same = all(torch.equal(p, q) for p, q in zip(got, build._beam_torch(logq, ids, js, rs, low, w)))
-    print(f"  triton beam == torch beam: {same}", flush=True)
-    if not same or not same_step or bool(bad):
+    beam = first_call(f"beam_search width={w} ({js.numel()} candidates)", lambda: beam_search(logq, ids, js, rs, w))
+    tree = first_call(f"tree_from_beam budget={w}", lambda: tree_from_beam(*beam, w))
+    ref_beam = build._beam_torch(logq, ids, js, rs, low, w)
+    same = all(torch.equal(p, q) for p, q in zip(beam, ref_beam))
+    same = same and all(torch.equal(p, q) for p, q in zip(tree, build._tree_from_beam_torch(*ref_beam, w)))
+    print(f"  triton tail == torch tail: {same}; beam {median_ms(lambda: beam_search(logq, ids, js, rs, w)):.3f} ms,"
+          f" tree {median_ms(lambda: tree_from_beam(*beam, w)):.3f} ms", flush=True)
+    if not same:
         raise SystemExit(1)
     with open(os.path.join(os.environ["OUT"], "beam_ok_width"), "w") as f:
         f.write(str(w))
