@@ -215,23 +215,23 @@ def test_heap_equals_batched_on_the_grouped_step(monkeypatch, dtype: torch.dtype
 
 @pytest.mark.parametrize("dtype", FUSED_DTYPES)
 @pytest.mark.parametrize(
-    "vocab, k, cap, levels",
+    "vocab, k, chunk, levels",
     [
-        (64, 64, 0, 1.0),  # one group: every id is a candidate
-        (300, 40, 0, 1.0),  # short last group, fewer groups (5) than k
+        (64, 64, None, 1.0),  # one group: every id is a candidate
+        (300, 40, None, 1.0),  # short last group, fewer groups (5) than k
         (1000, 1, None, 0.5),
-        (2000, 16, 0, 0.5),  # 32 groups of 64, 16 taken, no compaction
-        (5003, 16, 64, 2.0),  # compaction: survivors of the threshold fit in 64 slots (or the fallback runs)
-        (5003, 16, 16, 0.5),  # compaction with as many slots as k: long tie runs overflow -> the fallback
-        (5003, 64, 256, 1.0),
+        (2000, 16, 4, 0.5),  # long tie runs: many groups reach the threshold, several chunks
+        (5003, 16, None, 2.0),
+        (5003, 64, 8, 1.0),
+        (5003, 256, None, 0.5),
     ],
 )
-def test_select_step_is_exact_with_ties(dtype: torch.dtype, vocab: int, k: int, cap, levels: float) -> None:
+def test_select_step_is_exact_with_ties(dtype: torch.dtype, vocab: int, k: int, chunk, levels: float) -> None:
     from ddtree.core.triton_kernels import grouped_vocab_topk, row_lse_and_min
 
     for x in (tied_logits(4, vocab, levels, dtype, seed=vocab + k), distinct_logits(2, vocab, dtype, seed=k)):
         x = with_signed_zeros(x, seed=vocab) if levels == 1.0 else x
-        logq, ids, lse, row_min, bad = grouped_vocab_topk(x, k, group=build.GROUP, cap=cap)
+        logq, ids, lse, row_min, bad = grouped_vocab_topk(x, k, group=build.GROUP, chunk=chunk)
         ref_lse, ref_min = row_lse_and_min(x)
         _, ref_ids = exact_reference(x, k, ref_lse)
         assert torch.equal(ids, ref_ids)

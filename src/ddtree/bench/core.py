@@ -240,11 +240,11 @@ def breakdown(batch: int, budget: int, *, vocab: int, depth: int, device: torch.
         out["grouped_topk16 (int32 keys, from group maxima)"] = t(lambda: B.grouped_topk16(x2d, gmax, k))
         out["vocab step grouped (one read + grouped_topk16 + logq)"] = t(lambda: B._vocab_step_grouped(x2d, k))
     if device.type == "cuda" and B._select_usable(x2d, k):  # the default CUDA bf16/fp16 step for k <= 256
-        from ddtree.core.triton_kernels import GROUPED_SELECT_CAP, grouped_vocab_topk
+        from ddtree.core.triton_kernels import GROUPED_SELECT_CHUNK, grouped_vocab_topk
 
-        for cap in (GROUPED_SELECT_CAP, 0):
-            out[f"triton select step (one read + one program/row, cap {cap})"] = t(
-                lambda: grouped_vocab_topk(x2d, k, group=B.GROUP, cap=cap))
+        for chunk in (GROUPED_SELECT_CHUNK, 2 * GROUPED_SELECT_CHUNK):
+            out[f"triton select step (one read + one program/row, chunk {chunk})"] = t(
+                lambda: grouped_vocab_topk(x2d, k, group=B.GROUP, chunk=chunk))
     out["depth_topk (vocab step)"] = t(lambda: B.depth_topk(logits, k))
     logq, ids, _ = B.depth_topk(logits, k)
     js, rs, low = B._candidate_pairs(budget, k, device)

@@ -793,15 +793,16 @@ _SELECT_OK: dict[int, bool] = {}
 
 
 def _probe_select(device: torch.device) -> bool:
-    """Check `grouped_vocab_topk` once per device (`_probe_vocab_step`), with and without compaction."""
+    """Check `grouped_vocab_topk` once per device (`_probe_vocab_step`), with one and with several candidate
+    chunks per row."""
     from ddtree.core.triton_kernels import grouped_vocab_topk
 
-    def step(cap: int):
-        return lambda x, k: grouped_vocab_topk(x, k, group=GROUP, cap=cap)[:4]
+    def step(chunk: int | None):
+        return lambda x, k: grouped_vocab_topk(x, k, group=GROUP, chunk=chunk)[:4]
 
     return all(
-        _probe_vocab_step(device, f"Triton select vocabulary step (cap {cap})", step(cap), k=k)
-        for cap, k in ((None, 64), (0, 64), (128, 64), (64, 64))
+        _probe_vocab_step(device, f"Triton select vocabulary step (chunk {chunk})", step(chunk), k=k)
+        for chunk, k in ((None, 64), (16, 64), (None, 256))
     )
 
 

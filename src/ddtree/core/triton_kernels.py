@@ -173,6 +173,23 @@ def _merge_stats(
 
 
 @triton.jit
+def _count_at_least(x_row, gid_row, n_sel, V, t, CH: tl.constexpr, GROUP: tl.constexpr):
+    """How many candidates (ids of the n_sel selected groups, gid_row [n_sel] int32) have order key >= t."""
+    lane = tl.arange(0, GROUP)
+    cnt = 0
+    c = 0
+    while c < n_sel:
+        slots = c + tl.arange(0, CH)
+        gid = tl.load(gid_row + slots, mask=slots < n_sel, other=0)
+        ids = gid[:, None] * GROUP + lane[None, :]  # [CH, GROUP]
+        real = (slots < n_sel)[:, None] & (ids < V)
+        key = tl.where(real, _order_key16(tl.load(x_row + ids, mask=real, other=0.0)), -1)
+        cnt += tl.sum(tl.sum((key >= t).to(tl.int32), 1), 0)
+        c += CH
+    return cnt
+
+
+@triton.jit
 def _grouped_select_kernel(
     x_ptr,  # [R, V] bf16/fp16 logits
     stride_row,
@@ -188,23 +205,24 @@ def _grouped_select_kernel(
     lse_ptr,  # [R] float32 out
     min_ptr,  # [R] float32 out
     bad_ptr,  # [R] int8 out: 1 when the row holds nan or +-inf
-    scratch_ptr,  # [R, CAP] int32 (CAP > 0): the compacted candidate keys
+    gid_scratch_ptr,  # [R, G_PAD] int32: ids of the selected groups, ascending
+    key_scratch_ptr,  # [R, K_PAD] int32: order keys of the top-K, in id order within (above, tied)
+    id_scratch_ptr,  # [R, K_PAD] int32: their ids
     K: tl.constexpr,
-    K_PAD: tl.constexpr,  # power of two >= max(K, 16): groups taken and keys kept by the top-k
+    K_PAD: tl.constexpr,  # power of two >= max(K, 16)
     G_PAD: tl.constexpr,
     S_PAD: tl.constexpr,
-    NG: tl.constexpr,  # groups taken: min(K_PAD, G_PAD)
     GROUP: tl.constexpr,
-    CAP: tl.constexpr,  # 0: top-k over all NG * GROUP candidates; else first compact those >= the threshold
+    CH: tl.constexpr,  # groups per chunk of the candidate loops
 ):
-    """Row logsumexp / min merged from the splits, then the exact top-K (value descending, id ascending).
+    """Row logsumexp / min merged from the splits, then the exact top-K (value descending, id ascending),
+    found by counting instead of sorting:
 
-    The K_PAD groups with the largest maxima (ties: smaller group) hold the top-K, because each holds one
-    value at least as large as anything outside them. Their ids are sorted ascending, so a candidate's
-    position p among the NG * GROUP candidates follows its id and the int32 key (order key << 15) |
-    (32767 - p) ranks by the tie rule. CAP > 0 first drops candidates below the K-th largest group maximum
-    (they cannot be in the top-K: K groups hold a value >= it) and runs the top-k over at most CAP survivors,
-    falling back to all candidates when more survive.
+    1. T1 = the K-th largest group maximum (order keys, binary search on counts). Only the groups whose
+       maximum is >= T1 can hold a top-K value: K groups hold a value >= T1, so the K-th largest value is >= T1.
+    2. T2 = the K-th largest value among those groups' ids (binary search on counts, from T1 up).
+    3. The values > T2 (fewer than K) and the first K - #(> T2) values == T2 in id order are the top-K; a
+       sort of K_PAD int32 keys (order key << 15 | 32767 - slot) puts them in the tie-rule order.
     """
     row = tl.program_id(0).to(tl.int64)
     # row statistics, merged like _merge_stats (a split that saw only -inf adds exactly 0)
@@ -222,83 +240,103 @@ def _grouped_select_kernel(
     tl.store(min_ptr + row, row_min)
     tl.store(bad_ptr + row, tl.where(finite, 0, 1).to(tl.int8))
 
-    # the NG groups with the largest maxima, as ascending group ids (BIG marks a missing group)
+    # 1. T1: the largest t with #(group keys >= t) >= K (0 when there are fewer than K groups)
     g_offs = tl.arange(0, G_PAD)
     g_mask = g_offs < G
     g_max = tl.load(gmax_ptr + row * G + g_offs, mask=g_mask, other=0.0)
-    g_key = (_order_key16(g_max.to(x_ptr.dtype.element_ty)) << 15) | (32767 - g_offs)
-    g_key = tl.where(g_mask, g_key, -1)
-    if NG < G_PAD:
-        top_g = tl.topk(g_key, NG)  # [NG] descending
-    else:
-        top_g = g_key
-    BIG: tl.constexpr = 1 << 24
-    gid = tl.where(top_g >= 0, 32767 - (top_g & 32767), BIG)
-    gid = tl.sort(gid)  # [NG] ascending
-
-    # candidates: every id of the chosen groups, in id order
-    lane = tl.arange(0, GROUP)
-    cid = tl.reshape(gid[:, None] * GROUP + lane[None, :], (NG * GROUP,))  # [C]
-    pos = tl.arange(0, NG * GROUP)
-    real = cid < V
-    x_row = x_ptr + row * stride_row
-    c_key = (_order_key16(tl.load(x_row + cid, mask=real, other=0.0)) << 15) | (32767 - pos)
-    c_key = tl.where(real, c_key, -1)
-
-    if CAP > 0:
-        # the K-th largest group key's order key: every top-K value's order key is >= it
-        j = tl.arange(0, NG)
-        thr = tl.min(tl.where(j < K, top_g, 2147483647), 0) >> 15
-        keep = c_key >= (thr << 15)
-        count = tl.sum(keep.to(tl.int32), 0)
-        if count <= CAP:
-            cap_offs = tl.arange(0, CAP)
-            scratch = scratch_ptr + row * CAP
-            tl.store(scratch + cap_offs, tl.full([CAP], -1, tl.int32))
-            tl.debug_barrier()
-            slot = tl.cumsum(keep.to(tl.int32), 0) - 1
-            tl.store(scratch + slot, c_key, mask=keep)
-            tl.debug_barrier()
-            top = tl.topk(tl.load(scratch + cap_offs), K_PAD)
+    g_key = tl.where(g_mask, _order_key16(g_max.to(x_ptr.dtype.element_ty)), -1)  # [G_PAD] in [0, 65535]
+    top_key = tl.max(g_key, 0)
+    # invariant #(group keys >= lo) >= K: from the smallest key when G >= K, else from 0 (every group is
+    # selected and T2's search must reach values below every group maximum)
+    lo = tl.where(G >= K, tl.min(tl.where(g_mask, g_key, 65535), 0), 0)
+    hi = top_key
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tl.sum((g_key >= mid).to(tl.int32), 0) >= K:
+            lo = mid
         else:
-            top = tl.topk(c_key, K_PAD)
-    else:
-        top = tl.topk(c_key, K_PAD)  # [K_PAD] descending: the top-K in tie-rule order first
+            hi = mid - 1
+    t1 = lo
+
+    # the selected groups' ids, ascending (compacted through scratch)
+    sel = g_key >= t1
+    n_sel = tl.sum(sel.to(tl.int32), 0)
+    gid_row = gid_scratch_ptr + row * G_PAD
+    tl.store(gid_row + tl.cumsum(sel.to(tl.int32), 0) - 1, g_offs, mask=sel)
+    tl.debug_barrier()  # the ids were stored by other threads of this program
+
+    # 2. T2: the largest t >= T1 with #(candidates >= t) >= K (K <= V, and #(>= T1) >= min(K, V))
+    x_row = x_ptr + row * stride_row
+    lo = t1
+    hi = top_key
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _count_at_least(x_row, gid_row, n_sel, V, mid, CH, GROUP) >= K:
+            lo = mid
+        else:
+            hi = mid - 1
+    t2 = lo
+    n_above = _count_at_least(x_row, gid_row, n_sel, V, t2 + 1, CH, GROUP)  # < K
+    need_tied = K - n_above
+
+    # 3. compact the top-K in id order: values > T2 to slots [0, n_above), the first ties after them
+    lane = tl.arange(0, GROUP)
+    key_row = key_scratch_ptr + row * K_PAD
+    id_row = id_scratch_ptr + row * K_PAD
+    seen_above = 0
+    seen_tied = 0
+    c = 0
+    while c < n_sel:
+        slots = c + tl.arange(0, CH)
+        gid = tl.load(gid_row + slots, mask=slots < n_sel, other=0)
+        ids = tl.reshape(gid[:, None] * GROUP + lane[None, :], (CH * GROUP,))  # id order
+        real = tl.reshape((slots < n_sel)[:, None] & (gid[:, None] * GROUP + lane[None, :] < V), (CH * GROUP,))
+        key = tl.where(real, _order_key16(tl.load(x_row + ids, mask=real, other=0.0)), -1)
+        above = (key > t2).to(tl.int32)
+        tied = (key == t2).to(tl.int32)
+        pos_above = seen_above + tl.cumsum(above, 0) - 1
+        pos_tied = seen_tied + tl.cumsum(tied, 0) - 1
+        keep = (above > 0) | ((tied > 0) & (pos_tied < need_tied))
+        slot = tl.where(above > 0, pos_above, n_above + pos_tied)
+        tl.store(key_row + slot, key, mask=keep)
+        tl.store(id_row + slot, ids, mask=keep)
+        seen_above += tl.sum(above, 0)
+        seen_tied += tl.sum(tied, 0)
+        c += CH
+    tl.debug_barrier()
 
     out = tl.arange(0, K_PAD)
     out_mask = out < K
-    p = 32767 - (top & 32767)
-    p = tl.where(out_mask & (top >= 0), p, 0)
-    ids = tl.gather(gid, p // GROUP, 0) * GROUP + p % GROUP  # [K_PAD]
-    ids = tl.where(out_mask, ids, 0)
+    sort_key = tl.where(out_mask, (tl.load(key_row + out, mask=out_mask, other=0) << 15) | (32767 - out), -1)
+    sort_key = tl.sort(sort_key, descending=True)  # value descending, then slot ascending = id ascending
+    slot = tl.where(out_mask, 32767 - (sort_key & 32767), 0)
+    ids = tl.load(id_row + slot, mask=out_mask, other=0)
     vals = tl.load(x_row + ids, mask=out_mask, other=0.0).to(tl.float32)
     tl.store(logq_ptr + row * K + out, vals - lse, mask=out_mask)
     tl.store(ids_ptr + row * K + out, ids.to(tl.int64), mask=out_mask)
 
 
 GROUPED_SELECT_DTYPES = (torch.bfloat16, torch.float16)
-GROUPED_SELECT_MAX_K = 256  # K_PAD * GROUP candidates held in one program (16,384 at K_PAD = 256)
-GROUPED_SELECT_CAP = 1024  # survivors of the group-maximum threshold kept for the final top-k (0: no compaction)
+GROUPED_SELECT_MAX_K = 256  # K_PAD int32 keys sorted in one program
+GROUPED_SELECT_CHUNK = 64  # groups per chunk of the candidate loops (64 x 64 ids)
 
 
 def grouped_select_fits(vocab: int, k: int, group: int = 64) -> bool:
-    """`grouped_vocab_topk` handles this shape: 1 <= k <= min(V, GROUPED_SELECT_MAX_K) and int32 keys hold."""
-    k_pad = max(triton.next_power_of_2(max(k, 1)), 16)
-    groups = triton.cdiv(vocab, group)
-    ng = min(k_pad, triton.next_power_of_2(groups))
-    return 1 <= k <= min(vocab, GROUPED_SELECT_MAX_K) and groups <= 32768 and ng * group <= 32768
+    """`grouped_vocab_topk` handles this shape: 1 <= k <= min(V, GROUPED_SELECT_MAX_K), < 32768 groups."""
+    return 1 <= k <= min(vocab, GROUPED_SELECT_MAX_K) and triton.cdiv(vocab, group) <= 32768
 
 
 def grouped_vocab_topk(
-    x: torch.Tensor, k: int, *, group: int = 64, cap: int | None = None, block: int = 2048
+    x: torch.Tensor, k: int, *, group: int = 64, chunk: int | None = None, block: int = 2048
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The tree builder's vocabulary step for bf16/fp16 logits x [R, V] in two kernels.
 
     Returns logq [R, k] float32 (logit - row logsumexp, descending), ids [R, k] int64 (value descending, then
-    id ascending: exact, ties included), logsumexp [R], min [R] (float32) and bad [R] int8 (1: the row holds nan
-    or +-inf). One streaming read for the statistics and group maxima (`_split_stats_kernel`), then one program
-    per row selects from the group maxima. cap: compaction size (None: GROUPED_SELECT_CAP; 0: off).
-    logsumexp is merged in the kernel, so it may differ from `row_lse_and_min`'s in the last bit.
+    id ascending: exact, ties included), logsumexp [R], min [R] (float32) and bad [R] int8 (1: the row holds
+    nan or +-inf). One streaming read for the statistics and group maxima (`_split_stats_kernel`), then one
+    program per row finds the top-k by counting (`_grouped_select_kernel`). chunk: groups per candidate chunk
+    (None: GROUPED_SELECT_CHUNK). logsumexp is merged in the kernel, so it may differ from
+    `row_lse_and_min`'s in the last bit.
     """
     if x.dim() != 2:
         raise ValueError(f"x must have rank 2, got shape {tuple(x.shape)}")
@@ -309,16 +347,11 @@ def grouped_vocab_topk(
         raise ValueError(f"k must be an int in [1, min(V={vocab}, {GROUPED_SELECT_MAX_K})], got {k!r}")
     if x.stride(1) != 1:
         x = x.contiguous()
-    cap = GROUPED_SELECT_CAP if cap is None else cap
-    k_pad = max(triton.next_power_of_2(k), 16)  # taking more groups stays exact; size-1 sorts do not compile
+    chunk = GROUPED_SELECT_CHUNK if chunk is None else chunk
+    k_pad = max(triton.next_power_of_2(k), 16)
     splits, split_len = _split_geometry(rows, vocab, block)
     groups = triton.cdiv(vocab, group)
     g_pad = triton.next_power_of_2(groups)
-    ng = min(k_pad, g_pad)
-    if cap and (ng == g_pad or cap < k_pad or cap >= ng * group or cap & (cap - 1)):
-        # compaction needs a power of two between K_PAD and the candidate count, and more groups than taken
-        # (the threshold is the K-th largest group maximum of a sorted top-k)
-        cap = 0
     dev = x.device
     part_max = torch.empty((rows, splits), dtype=torch.float32, device=dev)  # [R, S]
     part_sum = torch.empty_like(part_max)
@@ -333,12 +366,14 @@ def grouped_vocab_topk(
     lse = torch.empty((rows,), dtype=torch.float32, device=dev)
     row_min = torch.empty_like(lse)
     bad = torch.empty((rows,), dtype=torch.int8, device=dev)
-    scratch = torch.empty((rows, max(cap, 1)), dtype=torch.int32, device=dev)
+    gid_scratch = torch.empty((rows, g_pad), dtype=torch.int32, device=dev)
+    key_scratch = torch.empty((rows, k_pad), dtype=torch.int32, device=dev)
+    id_scratch = torch.empty((rows, k_pad), dtype=torch.int32, device=dev)
     _grouped_select_kernel[(rows,)](
         x, x.stride(0), vocab, gmax, groups, part_max, part_sum, part_min, splits,
-        logq, ids, lse, row_min, bad, scratch,
-        K=k, K_PAD=k_pad, G_PAD=g_pad, S_PAD=triton.next_power_of_2(splits), NG=ng, GROUP=group, CAP=cap,
-        num_warps=16 if ng * group >= 16384 else 8 if ng * group >= 4096 else 4,
+        logq, ids, lse, row_min, bad, gid_scratch, key_scratch, id_scratch,
+        K=k, K_PAD=k_pad, G_PAD=g_pad, S_PAD=triton.next_power_of_2(splits), GROUP=group, CH=chunk,
+        num_warps=8,
     )
     return logq, ids, lse, row_min, bad
 
