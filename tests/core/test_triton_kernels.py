@@ -200,8 +200,11 @@ def test_grouped_step_flags_non_finite(dtype: torch.dtype, bad_value: float) -> 
 @pytest.mark.parametrize("dtype", FUSED_DTYPES)
 @pytest.mark.parametrize("budget", [5, 40])
 def test_heap_equals_batched_on_the_grouped_step(monkeypatch, dtype: torch.dtype, budget: int) -> None:
-    # force the grouped step on this device (CPU under the interpreter too): both builders then use it
+    # force the grouped step on this device (CPU under the interpreter too): both builders then use it; eager,
+    # so that every call goes through Python (a replayed CUDA graph would not call the step)
+    monkeypatch.setenv("DDTREE_NO_CUDA_GRAPH", "1")
     monkeypatch.setattr(build, "_fused_topk_usable", lambda x2d: False)
+    monkeypatch.setattr(build, "_select_usable", lambda x2d, k: False)
     monkeypatch.setattr(build, "_grouped_usable", lambda x2d, k: x2d.dtype in FUSED_DTYPES)
     calls = []
     step = build._vocab_step_grouped
@@ -262,7 +265,8 @@ def test_select_step_rejects_bad_k(bad_k: int) -> None:
 
 @pytest.mark.parametrize("budget", [5, 40])
 def test_heap_equals_batched_on_the_select_step(monkeypatch, budget: int) -> None:
-    # force the select step on this device (CPU under the interpreter too): both builders then use it
+    # force the select step on this device (CPU under the interpreter too): both builders then use it, eager
+    monkeypatch.setenv("DDTREE_NO_CUDA_GRAPH", "1")
     monkeypatch.setattr(build, "_fused_topk_usable", lambda x2d: False)
     monkeypatch.setattr(build, "_select_usable", lambda x2d, k: x2d.dtype in FUSED_DTYPES)
     calls = []

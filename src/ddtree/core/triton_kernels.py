@@ -175,18 +175,25 @@ def _merge_stats(
 @triton.jit
 def _count_at_least(x_row, gid_row, n_sel, V, t, CH: tl.constexpr, GROUP: tl.constexpr):
     """How many candidates (ids of the n_sel selected groups, gid_row [n_sel] int32) have order key >= t."""
-    lane = tl.arange(0, GROUP)
     cnt = 0
     c = 0
     while c < n_sel:
-        slots = c + tl.arange(0, CH)
-        gid = tl.load(gid_row + slots, mask=slots < n_sel, other=0)
-        ids = gid[:, None] * GROUP + lane[None, :]  # [CH, GROUP]
-        real = (slots < n_sel)[:, None] & (ids < V)
-        key = tl.where(real, _order_key16(tl.load(x_row + ids, mask=real, other=0.0)), -1)
-        cnt += tl.sum(tl.sum((key >= t).to(tl.int32), 1), 0)
+        key, _ = _chunk_keys(x_row, gid_row, n_sel, V, c, CH, GROUP)
+        cnt += tl.sum((key >= t).to(tl.int32), 0)
         c += CH
     return cnt
+
+
+@triton.jit
+def _chunk_keys(x_row, gid_row, n_sel, V, c, CH: tl.constexpr, GROUP: tl.constexpr):
+    """Order keys ([CH * GROUP] int32, -1 where no id) and ids of the selected groups c .. c + CH - 1, in id
+    order. Kept one-dimensional (no reshape), so that the scans over it follow the id order."""
+    flat = tl.arange(0, CH * GROUP)
+    slot = c + flat // GROUP
+    gid = tl.load(gid_row + slot, mask=slot < n_sel, other=0)
+    ids = gid * GROUP + flat % GROUP
+    real = (slot < n_sel) & (ids < V)
+    return tl.where(real, _order_key16(tl.load(x_row + ids, mask=real, other=0.0)), -1), ids
 
 
 @triton.jit
@@ -222,7 +229,7 @@ def _grouped_select_kernel(
        maximum is >= T1 can hold a top-K value: K groups hold a value >= T1, so the K-th largest value is >= T1.
     2. T2 = the K-th largest value among those groups' ids (binary search on counts, from T1 up).
     3. The values > T2 (fewer than K) and the first K - #(> T2) values == T2 in id order are the top-K; a
-       sort of K_PAD int32 keys (order key << 15 | 32767 - slot) puts them in the tie-rule order.
+       sort of K_PAD int64 keys (order key << 32 | 2**32 - 1 - id) puts them in the tie-rule order.
     """
     row = tl.program_id(0).to(tl.int64)
     # row statistics, merged like _merge_stats (a split that saw only -inf adds exactly 0)
@@ -280,18 +287,13 @@ def _grouped_select_kernel(
     need_tied = K - n_above
 
     # 3. compact the top-K in id order: values > T2 to slots [0, n_above), the first ties after them
-    lane = tl.arange(0, GROUP)
     key_row = key_scratch_ptr + row * K_PAD
     id_row = id_scratch_ptr + row * K_PAD
     seen_above = 0
     seen_tied = 0
     c = 0
     while c < n_sel:
-        slots = c + tl.arange(0, CH)
-        gid = tl.load(gid_row + slots, mask=slots < n_sel, other=0)
-        ids = tl.reshape(gid[:, None] * GROUP + lane[None, :], (CH * GROUP,))  # id order
-        real = tl.reshape((slots < n_sel)[:, None] & (gid[:, None] * GROUP + lane[None, :] < V), (CH * GROUP,))
-        key = tl.where(real, _order_key16(tl.load(x_row + ids, mask=real, other=0.0)), -1)
+        key, ids = _chunk_keys(x_row, gid_row, n_sel, V, c, CH, GROUP)
         above = (key > t2).to(tl.int32)
         tied = (key == t2).to(tl.int32)
         pos_above = seen_above + tl.cumsum(above, 0) - 1
@@ -307,10 +309,10 @@ def _grouped_select_kernel(
 
     out = tl.arange(0, K_PAD)
     out_mask = out < K
-    sort_key = tl.where(out_mask, (tl.load(key_row + out, mask=out_mask, other=0) << 15) | (32767 - out), -1)
-    sort_key = tl.sort(sort_key, descending=True)  # value descending, then slot ascending = id ascending
-    slot = tl.where(out_mask, 32767 - (sort_key & 32767), 0)
-    ids = tl.load(id_row + slot, mask=out_mask, other=0)
+    top_ids = tl.load(id_row + out, mask=out_mask, other=0).to(tl.int64)
+    sort_key = (tl.load(key_row + out, mask=out_mask, other=0).to(tl.int64) << 32) | (4294967295 - top_ids)
+    sort_key = tl.sort(tl.where(out_mask, sort_key, -1), descending=True)  # value descending, then id ascending
+    ids = tl.where(out_mask, 4294967295 - (sort_key & 4294967295), 0)
     vals = tl.load(x_row + ids, mask=out_mask, other=0.0).to(tl.float32)
     tl.store(logq_ptr + row * K + out, vals - lse, mask=out_mask)
     tl.store(ids_ptr + row * K + out, ids.to(tl.int64), mask=out_mask)
