@@ -15,7 +15,7 @@
 #   2. the CUDA tests of tests/core/test_build.py (-k cuda) and tests/core/test_triton_kernels.py (without the
 #      opt-in radix-select "fused" tests, whose per-shape compiles made the previous run hit its limit).
 #   3. ddtree bench core --check over B 1,8,64 x budget 32,128,256 (no verify) + breakdown at 64,128,
-#      JSON in $OUT/build_check.json. Logs of every step in $OUT/*.log.
+#      JSON in $OUT/build_check.json; then B 64,32 x budget 128,256 with verify ($OUT/build_verify_check.json). Logs of every step in $OUT/*.log.
 set -u
 cd "$(dirname "$0")/.."
 SMOKE=0
@@ -30,7 +30,7 @@ if [ "$SMOKE" = 1 ]; then
     LIMITS=(120 240 120)
 else
     PY="python3"
-    LIMITS=(100 220 150)
+    LIMITS=(100 180 120 100)
 fi
 . benchmarks/check_common.sh
 
@@ -142,6 +142,8 @@ if [ "$SMOKE" = 1 ]; then
 else
     step bench "${LIMITS[2]}" $PY -m ddtree.cli bench core --check --batch-sizes 1,8,64 --budgets 32,128,256 \
         --no-verify --breakdown 64,128 --json-out "$OUT/build_check.json"
+    step bench_verify "${LIMITS[3]}" $PY -m ddtree.cli bench core --check --batch-sizes 64,32 --budgets 128,256 \
+        --json-out "$OUT/build_verify_check.json"
 fi
 echo "=== done $(date -u +%FT%TZ): status=$status (0 = every step passed)"
 exit $status

@@ -207,7 +207,8 @@ def _grouped_select_kernel(
     part_sum_ptr,
     part_min_ptr,
     S,
-    logq_ptr,  # [R, K] float32 out: logit - logsumexp, in tie-rule order
+    vals_ptr,  # [R, K] float32 out: the top-K logits, in tie-rule order (logq = vals - lse is taken in torch:
+    # in the kernel the compiler may fold the subtraction into lse's own arithmetic and round equal logits apart)
     ids_ptr,  # [R, K] int64 out
     lse_ptr,  # [R] float32 out
     min_ptr,  # [R] float32 out
@@ -314,7 +315,7 @@ def _grouped_select_kernel(
     sort_key = tl.sort(tl.where(out_mask, sort_key, -1), descending=True)  # value descending, then id ascending
     ids = tl.where(out_mask, 4294967295 - (sort_key & 4294967295), 0)
     vals = tl.load(x_row + ids, mask=out_mask, other=0.0).to(tl.float32)
-    tl.store(logq_ptr + row * K + out, vals - lse, mask=out_mask)
+    tl.store(vals_ptr + row * K + out, vals, mask=out_mask)
     tl.store(ids_ptr + row * K + out, ids.to(tl.int64), mask=out_mask)
 
 
@@ -363,7 +364,7 @@ def grouped_vocab_topk(
         x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max, gmax, groups,
         SPLIT_LEN=split_len, BLOCK=block, HIST=False, GMAX=True, GROUP=group, num_warps=8,
     )
-    logq = torch.empty((rows, k), dtype=torch.float32, device=dev)
+    vals = torch.empty((rows, k), dtype=torch.float32, device=dev)
     ids = torch.empty((rows, k), dtype=torch.int64, device=dev)
     lse = torch.empty((rows,), dtype=torch.float32, device=dev)
     row_min = torch.empty_like(lse)
@@ -373,11 +374,12 @@ def grouped_vocab_topk(
     id_scratch = torch.empty((rows, k_pad), dtype=torch.int32, device=dev)
     _grouped_select_kernel[(rows,)](
         x, x.stride(0), vocab, gmax, groups, part_max, part_sum, part_min, splits,
-        logq, ids, lse, row_min, bad, gid_scratch, key_scratch, id_scratch,
+        vals, ids, lse, row_min, bad, gid_scratch, key_scratch, id_scratch,
         K=k, K_PAD=k_pad, G_PAD=g_pad, S_PAD=triton.next_power_of_2(splits), GROUP=group, CH=chunk,
         num_warps=8,
     )
-    return logq, ids, lse, row_min, bad
+    # one correctly rounded subtraction per value: equal logits get equal logq, and the order stays descending
+    return vals - lse.unsqueeze(1), ids, lse, row_min, bad
 
 
 # --------------------------------------------------------------------------------------------------
