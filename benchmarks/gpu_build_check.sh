@@ -131,7 +131,7 @@ fi
 if [ "$SMOKE" = 1 ]; then  # no CUDA: the interpreter runs the kernel tests (the CUDA ones skip)
     step pytest "${LIMITS[1]}" $PY -m pytest -q -rs tests/core/test_triton_kernels.py -k "not fused"
 else
-    step pytest "${LIMITS[1]}" $PY -m pytest -v --tb=short -rs tests/core/test_build.py tests/core/test_triton_kernels.py \
+    step pytest "${LIMITS[1]}" $PY -m pytest -v --tb=line -rs tests/core/test_build.py tests/core/test_triton_kernels.py \
         -k "(test_build and cuda) or (test_triton_kernels and not fused)"
 fi
 
