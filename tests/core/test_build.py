@@ -336,9 +336,29 @@ def test_cuda_non_finite_logits_raise(bad_value: float, method: str, dtype: torc
 
 
 @CUDA
-def test_cuda_alias_graph_reads_the_callers_buffer_in_place() -> None:
+def test_cuda_two_stage_build_replays_the_tail_for_fresh_buffers() -> None:
+    """bf16 logits, budget <= 256: eager select step on each fresh buffer, one tail graph per shape."""
     from ddtree.core import build
 
+    build.clear_graph_cache()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for round_ in range(4):
+        logits = (torch.randn((2, 15, 20000), generator=gen, device="cuda") * 3).to(torch.bfloat16)  # new buffer
+        if round_ % 2:
+            logits[1] = logits[1].round()  # ties
+        assert_same_tree(build_tree(logits, 64, method="heap"), build_tree(logits, 64, method="batched"))
+    assert len(build._TAIL_GRAPHS) == 1 and not build._GRAPHS, "expected one tail graph and no whole-build graph"
+    float_logits = torch.randn((2, 15, 20000), generator=gen, device="cuda")  # float32: the whole-build graph
+    assert_same_tree(build_tree(float_logits, 64, method="heap"), build_tree(float_logits, 64, method="batched"))
+    assert len(build._GRAPHS) == 1
+    build.clear_graph_cache()
+
+
+@CUDA
+def test_cuda_alias_graph_reads_the_callers_buffer_in_place(monkeypatch) -> None:
+    from ddtree.core import build
+
+    monkeypatch.setenv("DDTREE_FULL_GRAPH", "1")  # bf16 would otherwise take the two-stage path
     build.clear_graph_cache()
     gen = torch.Generator(device="cuda").manual_seed(0)
     buf = torch.empty((2, 15, 20000), device="cuda", dtype=torch.bfloat16)  # [B, D, V], one buffer every round

@@ -5,14 +5,15 @@ return identical trees (same nodes, same numbering, bit-identical logws):
 
 * ``heap``: the published per-request best-first heap (host side, Python ``heapq``).
 * ``batched``: a per-depth beam of width ``budget`` followed by a global top-``budget``, all tensor ops,
-  no host round-trip, batched over requests. On CUDA it is captured once per shape in a CUDA graph and
-  replayed (reading a stable caller buffer in place once seen twice, else through a static copy); there,
-  for bf16/fp16 logits, the vocabulary step is one Triton read of the logits (row logsumexp, min and the
-  maxima of groups of 64 ids) followed by an exact pruned top-k on int32 keys (`grouped_topk16`, probed
-  once per device against torch); float32 logits keep the Triton logsumexp + `pruned_topk` (int64 keys);
-  the radix-select kernel is opt-in (DDTREE_FUSED_TOPK=1). The whole per-depth beam runs as one Triton
-  program per request for widths <= 256 (checked once per shape against the torch beam, which stays the
-  eager reference and the CPU path).
+  no host round-trip, batched over requests. On CUDA with bf16/fp16 logits and k = min(budget, V) <= 256
+  (the default path): the vocabulary step is two Triton kernels launched eagerly on the caller's buffer (one
+  read for row logsumexp, min and the maxima of groups of 64 ids; then one program per row finds the exact
+  top-k by counting, `grouped_vocab_topk`), and the tail (the per-depth beam as one Triton program per
+  request, then the tree assembly as one more) is replayed from a CUDA graph. Otherwise on CUDA the whole
+  build is one CUDA graph per shape (reading a stable caller buffer in place once seen twice, else through a
+  static copy), with the torch/int32-key vocabulary steps (`grouped_topk16`, `pruned_topk`; the radix-select
+  kernel is opt-in with DDTREE_FUSED_TOPK=1). Every Triton piece is probed or checked against its torch
+  twin once per device or shape; the torch beam stays the eager reference and the CPU path.
 
 The order on prefixes (the tie rule): descending logw, then smaller depth, then - between two prefixes of
 one depth - the earlier parent (in this same order), then the smaller rank (rank r = the r-th most
@@ -498,20 +499,25 @@ def _tree_from_beam_torch(
     return token_ids, parents, depths, node_logws, num_nodes
 
 
+def _tail_tensors(logq: torch.Tensor, ids: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
+    """The build after the vocabulary step: per-depth beam of width `budget`, then the tree (Triton on CUDA
+    when usable, else torch). logq/ids [B, D, k] -> token_ids, parents, depths, node_logws [B, N], num_nodes."""
+    k = logq.shape[2]
+    w = budget  # beam width
+    js, rs, pair_low = _candidate_pairs(w, k, logq.device)  # [M] x3
+    tree = _triton_tail_checked(logq, ids, js, rs, pair_low, w, budget) if logq.is_cuda else None
+    if tree is None:
+        tree = _tree_from_beam_torch(*_beam_torch(logq, ids, js, rs, pair_low, w), budget)
+    return tree
+
+
 def _batched_tensors(logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
     """Pure tensor body of the batched build (no host sync; CUDA-graph capturable once constants exist).
 
     Returns token_ids, parents, depths, node_logws [B, N], num_nodes [B], bad (0-dim bool).
     """
-    b, d, v = logits.shape
-    k = min(budget, v)
-    w = budget  # beam width
-    logq, ids, bad = depth_topk(logits, k)  # [B, D, k] x2
-    js, rs, pair_low = _candidate_pairs(w, k, logits.device)  # [M] x3
-    tree = _triton_tail_checked(logq, ids, js, rs, pair_low, w, budget) if logits.is_cuda else None
-    if tree is None:
-        tree = _tree_from_beam_torch(*_beam_torch(logq, ids, js, rs, pair_low, w), budget)
-    return (*tree, bad)
+    logq, ids, bad = depth_topk(logits, min(budget, logits.shape[2]))  # [B, D, k] x2
+    return (*_tail_tensors(logq, ids, budget), bad)
 
 
 def _result(tensors: tuple[torch.Tensor, ...]) -> DDTreeBuildResult:
@@ -572,6 +578,70 @@ class _GraphedBuild:
             self.static_in.copy_(logits)
         self.graph.replay()
         return tuple(t.clone() for t in self.static_out)
+
+
+class _GraphedTail:
+    """The captured tail (`_tail_tensors`) for one (B, D, k, budget, device), fed by an eager vocabulary step.
+
+    With the Triton select step the vocabulary stage is two kernel launches that read the caller's logits
+    where they are, so only the tail needs a graph, and its inputs (logq / ids, [B, D, k]) are small to copy:
+    no [B, D, V] static input copy (0.15 ms at B = 64, V = 151,936 on an H200) for a fresh buffer each round.
+    """
+
+    def __init__(self, logq: torch.Tensor, ids: torch.Tensor, budget: int) -> None:
+        self.budget = budget
+        self.static_logq = logq.clone()
+        self.static_ids = ids.clone()
+        stream = torch.cuda.Stream(device=logq.device)
+        stream.wait_stream(torch.cuda.current_stream(logq.device))
+        with torch.cuda.stream(stream):  # warm-up outside capture: compiles and checks the Triton tail
+            for _ in range(2):
+                _tail_tensors(self.static_logq, self.static_ids, budget)
+        torch.cuda.current_stream(logq.device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.static_out = _tail_tensors(self.static_logq, self.static_ids, budget)
+
+    def __call__(self, logq: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self.static_logq.copy_(logq)
+        self.static_ids.copy_(ids)
+        self.graph.replay()
+        return tuple(t.clone() for t in self.static_out)
+
+
+_TAIL_GRAPHS: OrderedDict[tuple, _GraphedTail] = OrderedDict()
+_UNGRAPHABLE_TAILS: set[tuple] = set()
+
+
+def _two_stage_enabled(x2d: torch.Tensor, k: int) -> bool:
+    """Eager select step + graphed tail: when the select step applies and DDTREE_FULL_GRAPH is not set."""
+    if os.environ.get("DDTREE_FULL_GRAPH", "") in ("1", "true", "yes"):
+        return False
+    return not _fused_topk_usable(x2d) and _select_usable(x2d, k)
+
+
+def _build_two_stage(logits: torch.Tensor, budget: int) -> DDTreeBuildResult:
+    b, d, v = logits.shape
+    k = min(budget, v)
+    logq, ids, bad = depth_topk(logits, k)  # eager: two Triton kernels read the caller's buffer in place
+    key = (b, d, k, budget, logits.device.index)
+    graphed = None if key in _UNGRAPHABLE_TAILS else _TAIL_GRAPHS.get(key)
+    if graphed is None and key not in _UNGRAPHABLE_TAILS:
+        try:
+            graphed = _GraphedTail(logq, ids, budget)
+        except RuntimeError as exc:  # capture refused (e.g. inside another capture): the eager tail is exact too
+            warnings.warn(f"ddtree build_tree: CUDA graph capture failed ({exc}); using the eager tail")
+            _UNGRAPHABLE_TAILS.add(key)
+        else:
+            _TAIL_GRAPHS[key] = graphed
+            while len(_TAIL_GRAPHS) > _MAX_GRAPHS:
+                _TAIL_GRAPHS.popitem(last=False)
+    else:
+        if graphed is not None:
+            _TAIL_GRAPHS.move_to_end(key)
+    tree = graphed(logq, ids) if graphed is not None else _tail_tensors(logq, ids, budget)
+    _raise_if_bad(bad)
+    return _result((*tree, bad))
 
 
 _GRAPHS: OrderedDict[tuple, _GraphedBuild] = OrderedDict()
@@ -654,6 +724,8 @@ def _build_batched_graphed(logits: torch.Tensor, budget: int) -> DDTreeBuildResu
 
 def clear_graph_cache() -> None:
     """Drop every captured build (frees their static buffers)."""
+    _TAIL_GRAPHS.clear()
+    _UNGRAPHABLE_TAILS.clear()
     _GRAPHS.clear()
     _ALIAS_GRAPHS.clear()
     _LAST_ADDRESS.clear()
@@ -845,5 +917,8 @@ def build_tree(draft_logits: torch.Tensor, budget: int, *, method: str = "auto")
     if method == "heap":
         return _build_heap(logits, budget)
     if logits.is_cuda and _graphs_enabled():
+        b, d, v = logits.shape
+        if _two_stage_enabled(logits.reshape(b * d, v), min(budget, v)):
+            return _build_two_stage(logits, budget)
         return _build_batched_graphed(logits, budget)
     return _build_batched_eager(logits, budget)
