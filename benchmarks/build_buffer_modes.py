@@ -1,6 +1,6 @@
 """Batched build time on CUDA for a fresh logits buffer per call vs the same buffer every call, with the
-two-stage path (eager select step + graphed tail, the default) and with DDTREE_FULL_GRAPH=1 (one graph for the
-whole build: static input copy, or the alias graph once a buffer repeats). The heap is timed in the same run.
+whole-build graph (the default: static input copy, or the alias graph once a buffer repeats) and with the
+opt-in two-stage path (DDTREE_TWO_STAGE=1: eager select step + graphed tail). The heap is timed in the same run.
 
     PYTHONPATH=src python benchmarks/build_buffer_modes.py --cells 64x128,64x256,8x128,1x128 --json-out F
 """
@@ -40,12 +40,12 @@ def cell(batch: int, budget: int, vocab: int, depth: int, repeats: int, warmup: 
     same = lambda: build_tree(pool[0], budget, method="batched")  # noqa: E731
     row = {"batch": batch, "budget": budget,
            "heap_ms": median_ms(lambda: build_tree(pool[0], budget, method="heap"), repeats, warmup)}
-    for mode, env in (("two_stage", ""), ("full_graph", "1")):
-        os.environ["DDTREE_FULL_GRAPH"] = env
+    for mode, env in (("two_stage", "1"), ("full_graph", "")):
+        os.environ["DDTREE_TWO_STAGE"] = env
         clear_graph_cache()
         row[f"{mode}_fresh_ms"] = median_ms(fresh, repeats, warmup)
         row[f"{mode}_same_ms"] = median_ms(same, repeats, warmup)
-    os.environ.pop("DDTREE_FULL_GRAPH")
+    os.environ.pop("DDTREE_TWO_STAGE")
     for key in [k for k in row if k.endswith("_fresh_ms") or k.endswith("_same_ms")]:
         row[key.replace("_ms", "_x")] = row["heap_ms"] / row[key]
     return row

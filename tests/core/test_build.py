@@ -336,10 +336,11 @@ def test_cuda_non_finite_logits_raise(bad_value: float, method: str, dtype: torc
 
 
 @CUDA
-def test_cuda_two_stage_build_replays_the_tail_for_fresh_buffers() -> None:
-    """bf16 logits, budget <= 256: eager select step on each fresh buffer, one tail graph per shape."""
+def test_cuda_two_stage_build_replays_the_tail_for_fresh_buffers(monkeypatch) -> None:
+    """DDTREE_TWO_STAGE=1, bf16 logits, budget <= 256: eager select step on each fresh buffer, one tail graph."""
     from ddtree.core import build
 
+    monkeypatch.setenv("DDTREE_TWO_STAGE", "1")
     build.clear_graph_cache()
     gen = torch.Generator(device="cuda").manual_seed(1)
     for round_ in range(4):
@@ -355,10 +356,9 @@ def test_cuda_two_stage_build_replays_the_tail_for_fresh_buffers() -> None:
 
 
 @CUDA
-def test_cuda_alias_graph_reads_the_callers_buffer_in_place(monkeypatch) -> None:
+def test_cuda_alias_graph_reads_the_callers_buffer_in_place() -> None:
     from ddtree.core import build
 
-    monkeypatch.setenv("DDTREE_FULL_GRAPH", "1")  # bf16 would otherwise take the two-stage path
     build.clear_graph_cache()
     gen = torch.Generator(device="cuda").manual_seed(0)
     buf = torch.empty((2, 15, 20000), device="cuda", dtype=torch.bfloat16)  # [B, D, V], one buffer every round
