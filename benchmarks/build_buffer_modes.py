@@ -10,26 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 import torch
 
+from ddtree.bench.core import time_call
 from ddtree.core.build import build_tree, clear_graph_cache
 
 
 def median_ms(fn, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return time_call(fn, torch.device("cuda"), repeats, warmup)
 
 
 def cell(batch: int, budget: int, vocab: int, depth: int, repeats: int, warmup: int) -> dict:

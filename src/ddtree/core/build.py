@@ -154,6 +154,17 @@ def vocab_topk(x2d: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x2d.topk(k, dim=-1)
 
 
+def _probed_once(cache: dict[int, bool], device: torch.device, probe) -> bool:
+    """`probe(device)` once per CUDA device, cached in `cache`; False while a CUDA graph is being captured
+    (a probe compiles kernels and syncs, which must never happen inside a capture)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in cache:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        cache[index] = probe(torch.device("cuda", index))
+    return cache[index]
+
+
 def _fused_topk_usable(x2d: torch.Tensor) -> bool:
     """The fused Triton radix-select vocabulary step applies: CUDA, bf16/fp16, asked for with
     DDTREE_FUSED_TOPK=1, probed once per device. Opt-in: on one H200 (R = 960, V = 151,936, k = 128) it took
@@ -164,12 +175,7 @@ def _fused_topk_usable(x2d: torch.Tensor) -> bool:
         return False
     if not _triton_lse_usable(x2d.device):
         return False
-    index = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
-    if index not in _FUSED_TOPK_OK:
-        if torch.cuda.is_current_stream_capturing():
-            return False  # never compile or check inside a capture
-        _FUSED_TOPK_OK[index] = _probe_fused_topk(torch.device("cuda", index))
-    return _FUSED_TOPK_OK[index]
+    return _probed_once(_FUSED_TOPK_OK, x2d.device, _probe_fused_topk)
 
 
 _KEY16_DTYPES = (torch.bfloat16, torch.float16)
@@ -229,12 +235,7 @@ def _grouped_usable(x2d: torch.Tensor, k: int) -> bool:
         return False
     if not _triton_lse_usable(x2d.device):
         return False
-    index = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
-    if index not in _GROUPED_OK:
-        if torch.cuda.is_current_stream_capturing():
-            return False  # never compile or check inside a capture
-        _GROUPED_OK[index] = _probe_grouped(torch.device("cuda", index))
-    return _GROUPED_OK[index]
+    return _probed_once(_GROUPED_OK, x2d.device, _probe_grouped)
 
 
 def _vocab_step_grouped(x2d: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -271,12 +272,7 @@ def _select_usable(x2d: torch.Tensor, k: int) -> bool:
 
     if not grouped_select_fits(x2d.shape[1], k, GROUP):
         return False
-    index = x2d.device.index if x2d.device.index is not None else torch.cuda.current_device()
-    if index not in _SELECT_OK:
-        if torch.cuda.is_current_stream_capturing():
-            return False  # never compile or check inside a capture
-        _SELECT_OK[index] = _probe_select(torch.device("cuda", index))
-    return _SELECT_OK[index]
+    return _probed_once(_SELECT_OK, x2d.device, _probe_select)
 
 
 def _sorted_logq(
