@@ -15,7 +15,9 @@
 #   2. the CUDA tests of tests/core/test_build.py (-k cuda) and tests/core/test_triton_kernels.py (without the
 #      opt-in radix-select "fused" tests, whose per-shape compiles made the previous run hit its limit).
 #   3. ddtree bench core --check over B 1,8,64 x budget 32,128,256 (no verify) + breakdown at 64,128,
-#      JSON in $OUT/build_check.json; then B 64,32 x budget 128,256 with verify ($OUT/build_verify_check.json). Logs of every step in $OUT/*.log.
+#      JSON in $OUT/build_check.json; then B 64,32 x budget 128,256 with verify ($OUT/build_verify_check.json);
+#      with BUFFER_MODES=1 also benchmarks/build_buffer_modes.py (the steps' limits then exceed one 10-minute call:
+#      lower them or run the pytest step separately). Logs of every step in $OUT/*.log.
 set -u
 cd "$(dirname "$0")/.."
 SMOKE=0
@@ -144,6 +146,9 @@ else
         --no-verify --breakdown 64,128 --json-out "$OUT/build_check.json"
     step bench_verify "${LIMITS[3]}" $PY -m ddtree.cli bench core --check --batch-sizes 64,32 --budgets 128,256 \
         --json-out "$OUT/build_verify_check.json"
+    if [ "${BUFFER_MODES:-0}" = 1 ]; then  # fresh vs repeated buffers, whole-build graph vs DDTREE_TWO_STAGE=1
+        step buffer_modes 90 $PY benchmarks/build_buffer_modes.py --json-out "$OUT/build_buffer_modes.json"
+    fi
 fi
 echo "=== done $(date -u +%FT%TZ): status=$status (0 = every step passed)"
 exit $status
