@@ -372,3 +372,38 @@ def test_cuda_alias_graph_reads_the_callers_buffer_in_place() -> None:
     other[1] = -other[1]
     assert_same_tree(build_tree(other, 32, method="heap"), build_tree(other, 32, method="batched"))
     build.clear_graph_cache()
+
+
+def test_two_stage_dispatch_caches_one_tail_per_shape_and_falls_back_when_capture_fails(monkeypatch) -> None:
+    """The two-stage path's bookkeeping, on CPU with a stand-in for the CUDA graph (the graph itself runs only
+    on CUDA: test_cuda_two_stage_build_replays_the_tail_for_fresh_buffers)."""
+    from ddtree.core import build
+
+    made = []
+
+    class FakeTail:
+        def __init__(self, logq, ids, budget):
+            made.append(budget)
+            self.budget = budget
+
+        def __call__(self, logq, ids):
+            return build._tail_tensors(logq, ids, self.budget)
+
+    monkeypatch.setattr(build, "_GraphedTail", FakeTail)
+    build.clear_graph_cache()
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):  # fresh logits each round, one tail per shape
+        logits = torch.randn((2, 4, 300), generator=gen) * 3
+        assert_same_tree(build_tree(logits, 16, method="heap"), build._build_two_stage(logits, 16))
+    assert made == [16] and len(build._TAIL_GRAPHS) == 1
+
+    def refuse(logq, ids, budget):
+        raise RuntimeError("capture refused")
+
+    monkeypatch.setattr(build, "_GraphedTail", refuse)
+    logits = torch.randn((2, 4, 300), generator=gen) * 3
+    with pytest.warns(UserWarning, match="capture failed"):
+        tree = build._build_two_stage(logits, 8)  # a new shape key: capture refused -> the eager tail
+    assert_same_tree(build_tree(logits, 8, method="heap"), tree)
+    assert (2, 4, 8, 8, None) in build._UNGRAPHABLE_TAILS
+    build.clear_graph_cache()
