@@ -320,7 +320,7 @@ def _grouped_select_kernel(
 
 
 GROUPED_SELECT_DTYPES = (torch.bfloat16, torch.float16)
-GROUPED_SELECT_MAX_K = 256  # K_PAD int32 keys sorted in one program
+GROUPED_SELECT_MAX_K = 256  # the top-k is sorted as K_PAD int64 keys in one program
 GROUPED_SELECT_CHUNK = 64  # groups per chunk of the candidate loops (64 x 64 ids)
 
 
