@@ -1,9 +1,13 @@
-"""Triton kernels for the tree builder's vocabulary step (CUDA only; importing needs triton).
+"""Triton kernels of the tree builder (CUDA only; importing needs triton). Each has a torch twin in build.py
+that it is probed or checked against once per device or shape.
 
-`row_lse_and_min(x)` reads bf16/fp16/fp32 logits [R, V] and returns the row logsumexp and row minimum in
-float32 without materialising a float copy of the logits (torch's `logsumexp(x.float())` writes and
-re-reads a 4-byte copy, and runs max / exp / sum as separate passes). Each row is split over several
-programs so that small batches still fill the GPU; the per-split (max, sum-exp) pairs are merged in torch.
+* `row_lse_and_min` / `row_lse_min_groupmax`: one streaming read of bf16/fp16/fp32 logits [R, V] for the row
+  logsumexp and minimum (and the maxima of groups of 64 ids), split over several programs per row, with no
+  float copy of the logits.
+* `grouped_vocab_topk`: the default CUDA vocabulary step (bf16/fp16, k <= 256): the statistics read above,
+  then one program per row that finds the exact top-k from the group maxima by counting.
+* `row_topk_lse`: the older radix-select vocabulary step (opt-in, slower on an H200).
+* `beam_search` and `tree_from_beam`: the per-depth beam and the tree assembly, one program per request.
 """
 
 from __future__ import annotations
