@@ -315,12 +315,13 @@ def depth_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     """
     b, d, v = draft_logits.shape
     x2d = draft_logits.reshape(b * d, v)  # [R, V]
-    if not _fused_topk_usable(x2d) and _select_usable(x2d, k):
+    fused = _fused_topk_usable(x2d)  # the opt-in radix-select step takes precedence when asked for
+    if not fused and _select_usable(x2d, k):
         logq, ids, bad = _vocab_step_select(x2d, k)
-    elif not _fused_topk_usable(x2d) and _grouped_usable(x2d, k):
+    elif not fused and _grouped_usable(x2d, k):
         logq, ids, bad = _vocab_step_grouped(x2d, k)
     else:
-        logq, ids, bad = _vocab_step(x2d, k, fused=_fused_topk_usable(x2d))
+        logq, ids, bad = _vocab_step(x2d, k, fused=fused)
     return logq.reshape(b, d, k), ids.reshape(b, d, k), bad
 
 
@@ -534,6 +535,21 @@ def _build_batched_eager(logits: torch.Tensor, budget: int) -> DDTreeBuildResult
 # --------------------------------------------------------------------------------------------------
 
 
+def _capture(body, device: torch.device) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
+    """Run `body()` twice on a side stream (compiles kernels, runs first-call checks, fills constant caches:
+    none of that may happen inside a capture), then capture it. Returns the graph and its static outputs."""
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            body()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = body()
+    return graph, static_out
+
+
 class _GraphedBuild:
     """One captured batched build for a fixed (shape, dtype, budget, device).
 
@@ -551,15 +567,7 @@ class _GraphedBuild:
         else:
             self.static_in = torch.zeros_like(like)
             self.static_in.copy_(like)
-        stream = torch.cuda.Stream(device=like.device)
-        stream.wait_stream(torch.cuda.current_stream(like.device))
-        with torch.cuda.stream(stream):  # warm-up outside capture: compiles kernels, fills constant caches
-            for _ in range(2):
-                _batched_tensors(self.static_in, budget)
-        torch.cuda.current_stream(like.device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.static_out = _batched_tensors(self.static_in, budget)
+        self.graph, self.static_out = _capture(lambda: _batched_tensors(self.static_in, budget), like.device)
 
     def reads(self, logits: torch.Tensor) -> bool:
         """An alias graph can replay for logits: same memory, same layout (so the same bytes)."""
@@ -588,15 +596,9 @@ class _GraphedTail:
         self.budget = budget
         self.static_logq = logq.clone()
         self.static_ids = ids.clone()
-        stream = torch.cuda.Stream(device=logq.device)
-        stream.wait_stream(torch.cuda.current_stream(logq.device))
-        with torch.cuda.stream(stream):  # warm-up outside capture: compiles and checks the Triton tail
-            for _ in range(2):
-                _tail_tensors(self.static_logq, self.static_ids, budget)
-        torch.cuda.current_stream(logq.device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.static_out = _tail_tensors(self.static_logq, self.static_ids, budget)
+        self.graph, self.static_out = _capture(
+            lambda: _tail_tensors(self.static_logq, self.static_ids, budget), logq.device
+        )
 
     def __call__(self, logq: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         self.static_logq.copy_(logq)
@@ -622,25 +624,34 @@ def _two_stage_enabled(x2d: torch.Tensor, k: int) -> bool:
     return not _fused_topk_usable(x2d) and _select_usable(x2d, k)
 
 
+def _cached_graph(cache: OrderedDict, failed: set, key: tuple, make, what: str):
+    """The graph for `key` from the LRU `cache` (at most _MAX_GRAPHS), captured by `make()` on first use;
+    None when its capture was refused (e.g. inside another capture), which is remembered in `failed` and
+    warned about once: the caller then runs `what` eagerly, which is exact too."""
+    if key in failed:
+        return None
+    graphed = cache.get(key)
+    if graphed is not None:
+        cache.move_to_end(key)
+        return graphed
+    try:
+        graphed = make()
+    except RuntimeError as exc:
+        warnings.warn(f"ddtree build_tree: CUDA graph capture failed ({exc}); using the eager {what}")
+        failed.add(key)
+        return None
+    cache[key] = graphed
+    while len(cache) > _MAX_GRAPHS:
+        cache.popitem(last=False)
+    return graphed
+
+
 def _build_two_stage(logits: torch.Tensor, budget: int) -> DDTreeBuildResult:
     b, d, v = logits.shape
     k = min(budget, v)
     logq, ids, bad = depth_topk(logits, k)  # eager: two Triton kernels read the caller's buffer in place
     key = (b, d, k, budget, logits.device.index)
-    graphed = None if key in _UNGRAPHABLE_TAILS else _TAIL_GRAPHS.get(key)
-    if graphed is None and key not in _UNGRAPHABLE_TAILS:
-        try:
-            graphed = _GraphedTail(logq, ids, budget)
-        except RuntimeError as exc:  # capture refused (e.g. inside another capture): the eager tail is exact too
-            warnings.warn(f"ddtree build_tree: CUDA graph capture failed ({exc}); using the eager tail")
-            _UNGRAPHABLE_TAILS.add(key)
-        else:
-            _TAIL_GRAPHS[key] = graphed
-            while len(_TAIL_GRAPHS) > _MAX_GRAPHS:
-                _TAIL_GRAPHS.popitem(last=False)
-    else:
-        if graphed is not None:
-            _TAIL_GRAPHS.move_to_end(key)
+    graphed = _cached_graph(_TAIL_GRAPHS, _UNGRAPHABLE_TAILS, key, lambda: _GraphedTail(logq, ids, budget), "tail")
     tree = graphed(logq, ids) if graphed is not None else _tail_tensors(logq, ids, budget)
     _raise_if_bad(bad)
     return _result((*tree, bad))
@@ -706,19 +717,9 @@ def _build_batched_graphed(logits: torch.Tensor, budget: int) -> DDTreeBuildResu
         tensors = aliased(logits)
         _raise_if_bad(tensors[-1])
         return _result(tensors)
-    graphed = _GRAPHS.get(key)
+    graphed = _cached_graph(_GRAPHS, _UNGRAPHABLE, key, lambda: _GraphedBuild(logits, budget), "batched build")
     if graphed is None:
-        try:
-            graphed = _GraphedBuild(logits, budget)
-        except RuntimeError as exc:  # capture refused (e.g. inside another capture): eager is exact too
-            warnings.warn(f"ddtree build_tree: CUDA graph capture failed ({exc}); using the eager batched build")
-            _UNGRAPHABLE.add(key)
-            return _build_batched_eager(logits, budget)
-        _GRAPHS[key] = graphed
-        while len(_GRAPHS) > _MAX_GRAPHS:
-            _GRAPHS.popitem(last=False)
-    else:
-        _GRAPHS.move_to_end(key)
+        return _build_batched_eager(logits, budget)
     tensors = graphed(logits)
     _raise_if_bad(tensors[-1])
     return _result(tensors)

@@ -133,10 +133,20 @@ def row_lse_min_groupmax(
     """
     if x.dim() != 2:
         raise ValueError(f"x must have rank 2, got shape {tuple(x.shape)}")
-    if group < 1 or group & (group - 1) or block % group:
-        raise ValueError(f"group must be a power of two dividing block={block}, got {group}")
     if x.stride(1) != 1:
         x = x.contiguous()
+    part_max, part_sum, part_min, gmax = _split_stats_groupmax(x, group, block)
+    lse, row_min = _merge_stats(part_max, part_sum, part_min)
+    return lse, row_min, gmax
+
+
+def _split_stats_groupmax(
+    x: torch.Tensor, group: int, block: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One read of x [R, V] (last dim contiguous): per-split (max, sum exp, min) [R, S] and the group maxima
+    [R, cdiv(V, group)], all float32 (the split statistics are merged by the caller)."""
+    if group < 1 or group & (group - 1) or block % group:
+        raise ValueError(f"group must be a power of two dividing block={block}, got {group}")
     rows, vocab = x.shape
     splits, split_len = _split_geometry(rows, vocab, block)
     groups = triton.cdiv(vocab, group)
@@ -148,8 +158,7 @@ def row_lse_min_groupmax(
         x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max, gmax, groups,
         SPLIT_LEN=split_len, BLOCK=block, HIST=False, GMAX=True, GROUP=group, num_warps=8,
     )
-    lse, row_min = _merge_stats(part_max, part_sum, part_min)
-    return lse, row_min, gmax
+    return part_max, part_sum, part_min, gmax
 
 
 def _split_geometry(rows: int, vocab: int, block: int) -> tuple[int, int]:
@@ -356,18 +365,10 @@ def grouped_vocab_topk(
         x = x.contiguous()
     chunk = GROUPED_SELECT_CHUNK if chunk is None else chunk
     k_pad = max(triton.next_power_of_2(k), 16)
-    splits, split_len = _split_geometry(rows, vocab, block)
-    groups = triton.cdiv(vocab, group)
+    part_max, part_sum, part_min, gmax = _split_stats_groupmax(x, group, block)  # [R, S] x3, [R, G]
+    splits, groups = part_max.shape[1], gmax.shape[1]
     g_pad = triton.next_power_of_2(groups)
     dev = x.device
-    part_max = torch.empty((rows, splits), dtype=torch.float32, device=dev)  # [R, S]
-    part_sum = torch.empty_like(part_max)
-    part_min = torch.empty_like(part_max)
-    gmax = torch.empty((rows, groups), dtype=torch.float32, device=dev)  # [R, G]
-    _split_stats_kernel[(rows, splits)](
-        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max, gmax, groups,
-        SPLIT_LEN=split_len, BLOCK=block, HIST=False, GMAX=True, GROUP=group, num_warps=8,
-    )
     vals = torch.empty((rows, k), dtype=torch.float32, device=dev)
     ids = torch.empty((rows, k), dtype=torch.int64, device=dev)
     lse = torch.empty((rows,), dtype=torch.float32, device=dev)
@@ -706,7 +707,7 @@ def _tree_from_beam_kernel(
 def tree_from_beam(
     beam_logw: torch.Tensor, beam_tok: torch.Tensor, beam_par: torch.Tensor, budget: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Triton twin of the torch tail of build._batched_tensors: beam [B, D, W] x3 -> token_ids, parents,
+    """Triton twin of build._tree_from_beam_torch: beam [B, D, W] x3 -> token_ids, parents,
     depths, node_logws [B, budget + 1] and num_nodes [B] (same keys, same numbering, same padding)."""
     b, d, w = beam_logw.shape
     if not 1 <= budget <= d * w:
