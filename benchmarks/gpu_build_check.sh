@@ -20,21 +20,13 @@
 #      lower them or run the pytest step separately). Logs of every step in $OUT/*.log.
 set -u
 cd "$(dirname "$0")/.."
-SMOKE=0
-if [ "${1:-}" = "--smoke" ]; then SMOKE=1; fi
-OUT=${OUT:-/tmp/ddtree_build_check}
-mkdir -p "$OUT"
-export PYTHONPATH=${PYTHONPATH:-/tmp/site:src}
-export SMOKE OUT
+. benchmarks/check_common.sh
+check_setup /tmp/ddtree_build_check "${1:-}"
 if [ "$SMOKE" = 1 ]; then
-    export TRITON_INTERPRET=1
-    PY="nice -n 19 python3"
     LIMITS=(120 240 120)
 else
-    PY="python3"
     LIMITS=(100 180 120 100)
 fi
-. benchmarks/check_common.sh
 
 echo "=== $(date -u +%FT%TZ) smoke=$SMOKE PYTHONPATH=$PYTHONPATH OUT=$OUT"
 $PY -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"

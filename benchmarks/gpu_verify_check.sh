@@ -16,23 +16,15 @@
 #      Prints both tables; JSON in $OUT/verify_check.json; logs in $OUT/*.log.
 set -u
 cd "$(dirname "$0")/.."
-SMOKE=0
-if [ "${1:-}" = "--smoke" ]; then SMOKE=1; fi
-OUT=${OUT:-/tmp/ddtree_verify_check}
-mkdir -p "$OUT"
-export PYTHONPATH=${PYTHONPATH:-/tmp/site:src}
-export SMOKE OUT
+. benchmarks/check_common.sh
+check_setup /tmp/ddtree_verify_check "${1:-}"
 if [ "$SMOKE" = 1 ]; then
-    export TRITON_INTERPRET=1
-    PY="nice -n 19 python3"
     PYTEST_ARGS=(tests/core/test_kernels.py -k "lazy and not lossless")
     LIMITS=(300 300)
 else
-    PY="python3"
     PYTEST_ARGS=(tests/core/test_kernels.py tests/core/test_verify.py)
     LIMITS=(100 75)
 fi
-. benchmarks/check_common.sh
 
 step pytest "${LIMITS[0]}" $PY -m pytest -q -x "${PYTEST_ARGS[@]}"
 
