@@ -229,12 +229,19 @@ def test_heap_equals_batched_on_the_grouped_step(monkeypatch, dtype: torch.dtype
         (5003, 256, None, 0.5),
     ],
 )
-def test_select_step_is_exact_with_ties(dtype: torch.dtype, vocab: int, k: int, chunk, levels: float) -> None:
+@pytest.mark.parametrize("cap", ["smallest", None, "large"])
+def test_select_step_is_exact_with_ties(
+    dtype: torch.dtype, vocab: int, k: int, chunk, levels: float, cap: str | None
+) -> None:
+    """cap "smallest" (= padded k) sends most rows to the counting path (more candidates >= T1 than k_pad),
+    "large" (4096) sorts even the tied rows' candidates directly; the default mixes both."""
     from ddtree.core.triton_kernels import grouped_vocab_topk, row_lse_and_min
 
+    k_pad = max(16, 1 << (k - 1).bit_length())
+    cap = {"smallest": k_pad, "large": 4096, None: None}[cap]
     for x in (tied_logits(4, vocab, levels, dtype, seed=vocab + k), distinct_logits(2, vocab, dtype, seed=k)):
         x = with_signed_zeros(x, seed=vocab) if levels == 1.0 else x
-        logq, ids, lse, row_min, bad = grouped_vocab_topk(x, k, group=build.GROUP, chunk=chunk)
+        logq, ids, lse, row_min, bad = grouped_vocab_topk(x, k, group=build.GROUP, chunk=chunk, cap=cap)
         ref_lse, ref_min = row_lse_and_min(x)
         _, ref_ids = exact_reference(x, k, ref_lse)
         assert torch.equal(ids, ref_ids)
@@ -253,6 +260,30 @@ def test_select_step_flags_non_finite_rows(dtype: torch.dtype, bad_value: float)
     x[2, 77] = bad_value
     bad = grouped_vocab_topk(x, 16)[4]
     assert bad.tolist() == [0, 0, 1, 0]
+
+
+def test_select_step_reads_the_logits_at_x_address() -> None:
+    """With x_address the kernels read the buffer whose address it holds; x only gives the layout (this is
+    how one captured CUDA graph serves a fresh logits buffer per call)."""
+    from ddtree.core.triton_kernels import grouped_vocab_topk
+
+    layout = distinct_logits(3, 1000, torch.bfloat16, seed=0)
+    other = tied_logits(3, 1000, 1.0, torch.bfloat16, seed=1)
+    address = torch.tensor([other.data_ptr()], dtype=torch.int64, device=DEVICE)
+    got = grouped_vocab_topk(layout, 40, x_address=address)
+    want = grouped_vocab_topk(other, 40)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="x_address"):
+        grouped_vocab_topk(layout.t().contiguous().t(), 40, x_address=address)
+
+
+@pytest.mark.parametrize("bad_cap", [8, 48, 100])
+def test_select_step_rejects_bad_cap(bad_cap: int) -> None:
+    from ddtree.core.triton_kernels import grouped_vocab_topk
+
+    with pytest.raises(ValueError, match="cap must be"):
+        grouped_vocab_topk(distinct_logits(2, 300, torch.bfloat16, seed=0), 40, cap=bad_cap)
 
 
 @pytest.mark.parametrize("bad_k", [0, 257, 301])

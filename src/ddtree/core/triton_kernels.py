@@ -39,46 +39,52 @@ def _split_stats_kernel(
     hist_ptr,  # [R, S, 256] int32 when HIST: histogram of the high byte of the 16-bit order key
     gmax_ptr,  # [R, G] float32 when GMAX: max of each group of GROUP consecutive ids (G = cdiv(V, GROUP))
     num_groups,
+    x_addr_ptr,  # [1] int64 when INDIRECT: the address of the logits (x_ptr then only gives their dtype)
     SPLIT_LEN: tl.constexpr,  # constexpr: a few distinct values per process (one per vocabulary/batch shape)
     BLOCK: tl.constexpr,
     HIST: tl.constexpr,  # bf16/fp16 input only; HIST=False is the plain statistics kernel
     GMAX: tl.constexpr = False,  # also write the group maxima (from the same first read)
     GROUP: tl.constexpr = 64,  # BLOCK and SPLIT_LEN are multiples of GROUP: no group straddles two blocks
+    INDIRECT: tl.constexpr = False,
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
+    if INDIRECT:  # a CUDA graph captured once reads whichever buffer the caller passes (no input copy)
+        x_ptr = tl.load(x_addr_ptr).to(tl.pointer_type(x_ptr.dtype.element_ty))
     base = x_ptr + row.to(tl.int64) * stride_row
     start = split * SPLIT_LEN
     stop = tl.minimum(start + SPLIT_LEN, V)
-    offs = tl.arange(0, BLOCK)
-    # ONE read: per-lane running max, rescaled sum of exp (online logsumexp), min, and the optional group
-    # maxima / high-byte histogram. (Two passes - max, then sum of exp - cost 0.36 ms at R = 960,
-    # V = 151,936 bf16 on an H200 against the ~0.1 ms of one streaming read.)
-    m = tl.full([BLOCK], float("-inf"), tl.float32)
-    acc = tl.zeros([BLOCK], tl.float32)
-    mn = tl.full([BLOCK], float("inf"), tl.float32)
+    NG: tl.constexpr = BLOCK // GROUP
+    offs = tl.arange(0, NG)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [NG, GROUP]: a row of groups
+    # ONE read, two levels: each group of GROUP ids gives its max gm and sum exp(v - gm) (one exp per element),
+    # and per group slot a running (max, rescaled sum) merges the blocks (two exps per group). A group that
+    # is all -inf (or masked) adds exactly 0; +inf or nan make its sum nan (inf - inf, nan - gm), so the
+    # row's logsumexp is non-finite and the caller flags it. (Two passes - max, then sum of exp - cost
+    # 0.36 ms at R = 960, V = 151,936 bf16 on an H200; the one-level online update with one exp per element
+    # 0.16-0.18 ms; one streaming read (torch amax) 0.10 ms.)
+    m = tl.full([NG], float("-inf"), tl.float32)
+    acc = tl.zeros([NG], tl.float32)
+    mn = tl.full([NG, GROUP], float("inf"), tl.float32)
     hist = tl.zeros([512], tl.int32)
     for s in range(0, SPLIT_LEN, BLOCK):
         idx = start + s + offs
         msk = idx < stop
         raw = tl.load(base + idx, mask=msk, other=float("-inf"))
         v = raw.to(tl.float32)
-        new_m = tl.maximum(m, v)  # may ignore nan (fmax): nan is caught through acc below
-        # One exp per element: with e = exp(-|v - m|), the online update acc * exp(m - new_m) +
-        # exp(v - new_m) is acc * e + 1 when v raises the lane max and acc + e otherwise (the same floats,
-        # since exp(0) == 1). Lanes that have seen only -inf: nothing to add or rescale (acc * 0 keeps a nan
-        # seen earlier); +inf or nan make acc nan, so the row's logsumexp is non-finite and the caller flags it.
-        empty = (new_m == float("-inf")) & (v == float("-inf"))
-        e = tl.exp(-tl.abs(v - m))
-        acc = tl.where(empty, acc * 0.0, tl.where(v > m, acc * e + 1.0, acc + e))
+        gm = tl.max(v, axis=1)  # [NG]; masked lanes are -inf: a short last group keeps the max of its real ids
+        gsum = tl.sum(tl.exp(v - gm[:, None]), axis=1)
+        gsum = tl.where(gm == float("-inf"), 0.0, gsum)
+        new_m = tl.maximum(m, gm)
+        live = new_m > float("-inf")
+        acc = tl.where(live, acc * tl.exp(m - new_m) + gsum * tl.exp(gm - new_m), acc + gsum)
         m = new_m
         mn = tl.minimum(mn, tl.where(msk, v, float("inf")))
-        if GMAX:  # masked lanes are -inf; a short last group keeps the max of its real ids
-            gm = tl.max(tl.reshape(v, (BLOCK // GROUP, GROUP)), axis=1)  # [BLOCK // GROUP]
-            gidx = (start + s) // GROUP + tl.arange(0, BLOCK // GROUP)
+        if GMAX:
+            gidx = (start + s) // GROUP + tl.arange(0, NG)
             tl.store(gmax_ptr + row.to(tl.int64) * num_groups + gidx, gm, mask=gidx < num_groups)
         if HIST:  # the same read also bins the high byte (bins 256.. collect the masked lanes)
-            hist += tl.histogram(tl.where(msk, _order_key16(raw) >> 8, 511), 512)
+            high = tl.where(msk, _order_key16(raw) >> 8, 511)
+            hist += tl.histogram(tl.reshape(high, [BLOCK]), 512)
     split_max = tl.max(m, 0)
     acc = tl.where(m == float("-inf"), acc * 0.0, acc * tl.exp(m - split_max))
     out = row * num_splits + split
@@ -87,7 +93,7 @@ def _split_stats_kernel(
         tl.store(hist_ptr + out.to(tl.int64) * 256 + bins, hist, mask=bins < 256)
     tl.store(max_ptr + out, split_max)
     tl.store(sum_ptr + out, tl.sum(acc, 0))
-    tl.store(min_ptr + out, tl.min(mn, 0))
+    tl.store(min_ptr + out, tl.min(tl.min(mn, 1), 0))
 
 
 # Programs the statistics kernel aims for (rows x splits). With 1,024, R = 960 rows got one split each and the
@@ -118,7 +124,7 @@ def row_lse_and_min(x: torch.Tensor, *, block: int = 2048) -> tuple[torch.Tensor
     part_sum = torch.empty_like(part_max)
     part_min = torch.empty_like(part_max)
     _split_stats_kernel[(rows, splits)](
-        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max, part_max, 1,
+        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max, part_max, 1, part_max,
         SPLIT_LEN=split_len, BLOCK=block, HIST=False, num_warps=8,
     )
     return _merge_stats(part_max, part_sum, part_min)
@@ -141,10 +147,11 @@ def row_lse_min_groupmax(
 
 
 def _split_stats_groupmax(
-    x: torch.Tensor, group: int, block: int
+    x: torch.Tensor, group: int, block: int, x_address: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One read of x [R, V] (last dim contiguous): per-split (max, sum exp, min) [R, S] and the group maxima
-    [R, cdiv(V, group)], all float32 (the split statistics are merged by the caller)."""
+    [R, cdiv(V, group)], all float32 (the split statistics are merged by the caller). x_address: see
+    `grouped_vocab_topk`."""
     if group < 1 or group & (group - 1) or block % group:
         raise ValueError(f"group must be a power of two dividing block={block}, got {group}")
     rows, vocab = x.shape
@@ -156,7 +163,9 @@ def _split_stats_groupmax(
     gmax = torch.empty((rows, groups), dtype=torch.float32, device=x.device)  # [R, G]
     _split_stats_kernel[(rows, splits)](
         x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max, gmax, groups,
-        SPLIT_LEN=split_len, BLOCK=block, HIST=False, GMAX=True, GROUP=group, num_warps=8,
+        part_max if x_address is None else x_address,
+        SPLIT_LEN=split_len, BLOCK=block, HIST=False, GMAX=True, GROUP=group, INDIRECT=x_address is not None,
+        num_warps=8,
     )
     return part_max, part_sum, part_min, gmax
 
@@ -228,24 +237,32 @@ def _grouped_select_kernel(
     bad_ptr,  # [R] int8 out: 1 when the row holds nan or +-inf
     gid_scratch_ptr,  # [R, G_PAD] int32: ids of the selected groups, ascending
     key_scratch_ptr,  # [R, K_PAD] int32: order keys of the top-K, in id order within (above, tied)
-    id_scratch_ptr,  # [R, K_PAD] int32: their ids
+    id_scratch_ptr,  # [R, CAP] int32: ids of the candidates >= T1, then the top-K ids in tie-rule order
+    x_addr_ptr,  # [1] int64 when INDIRECT: the address of the logits (x_ptr then only gives their dtype)
     K: tl.constexpr,
     K_PAD: tl.constexpr,  # power of two >= max(K, 16)
+    CAP: tl.constexpr,  # power of two >= K_PAD: most candidates >= T1 sorted directly
     G_PAD: tl.constexpr,
     S_PAD: tl.constexpr,
     GROUP: tl.constexpr,
     CH: tl.constexpr,  # groups per chunk of the candidate loops
+    INDIRECT: tl.constexpr = False,
 ):
-    """Row logsumexp / min merged from the splits, then the exact top-K (value descending, id ascending),
-    found by counting instead of sorting:
+    """Row logsumexp / min merged from the splits, then the exact top-K (value descending, id ascending):
 
     1. T1 = the K-th largest group maximum (order keys, binary search on counts). Only the groups whose
-       maximum is >= T1 can hold a top-K value: K groups hold a value >= T1, so the K-th largest value is >= T1.
-    2. T2 = the K-th largest value among those groups' ids (binary search on counts, from T1 up).
-    3. The values > T2 (fewer than K) and the first K - #(> T2) values == T2 in id order are the top-K; a
-       sort of K_PAD int64 keys (order key << 32 | 2**32 - 1 - id) puts them in the tie-rule order.
+       maximum is >= T1 can hold a top-K value: K groups hold a value >= T1, so the K-th largest value is
+       >= T1, and every top-K value is >= T1.
+    2. Usually few more than K values are >= T1 (ties at T1 aside): when at most CAP, a sort of their int64
+       keys (order key << 32 | 2**32 - 1 - id) gives the top-K in tie-rule order, from one pass over the
+       selected groups.
+    3. Otherwise (many ties at T1) by counting: T2 = the K-th largest value among those groups' ids (binary
+       search on counts, from T1 up); the values > T2 (fewer than K) and the first K - #(> T2) values == T2
+       in id order are the top-K, sorted by the same keys.
     """
     row = tl.program_id(0).to(tl.int64)
+    if INDIRECT:  # a CUDA graph captured once reads whichever buffer the caller passes (no input copy)
+        x_ptr = tl.load(x_addr_ptr).to(tl.pointer_type(x_ptr.dtype.element_ty))
     # row statistics, merged like _merge_stats (a split that saw only -inf adds exactly 0)
     s_offs = tl.arange(0, S_PAD)
     s_mask = s_offs < S
@@ -286,55 +303,84 @@ def _grouped_select_kernel(
     tl.store(gid_row + tl.cumsum(sel.to(tl.int32), 0) - 1, g_offs, mask=sel)
     tl.debug_barrier()  # the ids were stored by other threads of this program
 
-    # 2. T2: the largest t >= T1 with #(candidates >= t) >= K (K <= V, and #(>= T1) >= min(K, V))
+    # 2. the candidates >= T1 (their first CAP ids, in id order) and how many there are
     x_row = x_ptr + row * stride_row
-    lo = t1
-    hi = top_key
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _count_at_least(x_row, gid_row, n_sel, V, mid, CH, GROUP) >= K:
-            lo = mid
-        else:
-            hi = mid - 1
-    t2 = lo
-    n_above = _count_at_least(x_row, gid_row, n_sel, V, t2 + 1, CH, GROUP)  # < K
-    need_tied = K - n_above
-
-    # 3. compact the top-K in id order: values > T2 to slots [0, n_above), the first ties after them
-    key_row = key_scratch_ptr + row * K_PAD
-    id_row = id_scratch_ptr + row * K_PAD
-    seen_above = 0
-    seen_tied = 0
+    id_row = id_scratch_ptr + row * CAP
+    n_cand = 0
     c = 0
     while c < n_sel:
         key, ids = _chunk_keys(x_row, gid_row, n_sel, V, c, CH, GROUP)
-        above = (key > t2).to(tl.int32)
-        tied = (key == t2).to(tl.int32)
-        pos_above = seen_above + tl.cumsum(above, 0) - 1
-        pos_tied = seen_tied + tl.cumsum(tied, 0) - 1
-        keep = (above > 0) | ((tied > 0) & (pos_tied < need_tied))
-        slot = tl.where(above > 0, pos_above, n_above + pos_tied)
-        tl.store(key_row + slot, key, mask=keep)
-        tl.store(id_row + slot, ids, mask=keep)
-        seen_above += tl.sum(above, 0)
-        seen_tied += tl.sum(tied, 0)
+        hit = (key >= t1).to(tl.int32)
+        pos = n_cand + tl.cumsum(hit, 0) - 1
+        tl.store(id_row + pos, ids, mask=(hit > 0) & (pos < CAP))
+        n_cand += tl.sum(hit, 0)
         c += CH
+    tl.debug_barrier()
+
+    if n_cand <= CAP:  # sort them all; the first K are the top-K
+        slot = tl.arange(0, CAP)
+        real = slot < n_cand
+        cand = tl.load(id_row + slot, mask=real, other=0).to(tl.int64)
+        cand_key = _order_key16(tl.load(x_row + cand, mask=real, other=0.0)).to(tl.int64)
+        sort_key = tl.sort(tl.where(real, (cand_key << 32) | (4294967295 - cand), -1), descending=True)
+        tl.debug_barrier()  # every candidate id was read before the sorted ids overwrite them
+        tl.store(id_row + slot, (4294967295 - (sort_key & 4294967295)).to(tl.int32), mask=slot < K)
+    else:
+        # 3. T2: the largest t >= T1 with #(candidates >= t) >= K (K <= V, and #(>= T1) >= min(K, V))
+        lo = t1
+        hi = top_key
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _count_at_least(x_row, gid_row, n_sel, V, mid, CH, GROUP) >= K:
+                lo = mid
+            else:
+                hi = mid - 1
+        t2 = lo
+        n_above = _count_at_least(x_row, gid_row, n_sel, V, t2 + 1, CH, GROUP)  # < K
+        need_tied = K - n_above
+
+        # compact the top-K in id order: values > T2 to slots [0, n_above), the first ties after them
+        key_row = key_scratch_ptr + row * K_PAD
+        seen_above = 0
+        seen_tied = 0
+        c = 0
+        while c < n_sel:
+            key, ids = _chunk_keys(x_row, gid_row, n_sel, V, c, CH, GROUP)
+            above = (key > t2).to(tl.int32)
+            tied = (key == t2).to(tl.int32)
+            pos_above = seen_above + tl.cumsum(above, 0) - 1
+            pos_tied = seen_tied + tl.cumsum(tied, 0) - 1
+            keep = (above > 0) | ((tied > 0) & (pos_tied < need_tied))
+            slot = tl.where(above > 0, pos_above, n_above + pos_tied)
+            tl.store(key_row + slot, key, mask=keep)
+            tl.store(id_row + slot, ids, mask=keep)
+            seen_above += tl.sum(above, 0)
+            seen_tied += tl.sum(tied, 0)
+            c += CH
+        tl.debug_barrier()
+        out = tl.arange(0, K_PAD)
+        out_mask = out < K
+        top_ids = tl.load(id_row + out, mask=out_mask, other=0).to(tl.int64)
+        sort_key = (tl.load(key_row + out, mask=out_mask, other=0).to(tl.int64) << 32) | (4294967295 - top_ids)
+        sort_key = tl.sort(tl.where(out_mask, sort_key, -1), descending=True)  # value descending, then id ascending
+        tl.debug_barrier()
+        tl.store(id_row + out, (4294967295 - (sort_key & 4294967295)).to(tl.int32), mask=out_mask)
     tl.debug_barrier()
 
     out = tl.arange(0, K_PAD)
     out_mask = out < K
-    top_ids = tl.load(id_row + out, mask=out_mask, other=0).to(tl.int64)
-    sort_key = (tl.load(key_row + out, mask=out_mask, other=0).to(tl.int64) << 32) | (4294967295 - top_ids)
-    sort_key = tl.sort(tl.where(out_mask, sort_key, -1), descending=True)  # value descending, then id ascending
-    ids = tl.where(out_mask, 4294967295 - (sort_key & 4294967295), 0)
+    ids = tl.load(id_row + out, mask=out_mask, other=0).to(tl.int64)
     vals = tl.load(x_row + ids, mask=out_mask, other=0.0).to(tl.float32)
     tl.store(vals_ptr + row * K + out, vals, mask=out_mask)
-    tl.store(ids_ptr + row * K + out, ids.to(tl.int64), mask=out_mask)
+    tl.store(ids_ptr + row * K + out, ids, mask=out_mask)
 
 
 GROUPED_SELECT_DTYPES = (torch.bfloat16, torch.float16)
 GROUPED_SELECT_MAX_K = 256  # the top-k is sorted as K_PAD int64 keys in one program
 GROUPED_SELECT_CHUNK = 64  # groups per chunk of the candidate loops (64 x 64 ids)
+# Candidates >= T1 sorted directly, as a multiple of K_PAD. For logits of random rows about K + 10-20 values are
+# >= T1 (the ties at the K-th group maximum); heavily tied rows (e.g. rounded logits) take the counting path.
+GROUPED_SELECT_CAP_FACTOR = 4
 
 
 def grouped_select_fits(vocab: int, k: int, group: int = 64) -> bool:
@@ -343,16 +389,28 @@ def grouped_select_fits(vocab: int, k: int, group: int = 64) -> bool:
 
 
 def grouped_vocab_topk(
-    x: torch.Tensor, k: int, *, group: int = 64, chunk: int | None = None, block: int = 2048
+    x: torch.Tensor,
+    k: int,
+    *,
+    group: int = 64,
+    chunk: int | None = None,
+    cap: int | None = None,
+    block: int = 2048,
+    x_address: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The tree builder's vocabulary step for bf16/fp16 logits x [R, V] in two kernels.
 
     Returns logq [R, k] float32 (logit - row logsumexp, descending), ids [R, k] int64 (value descending, then
     id ascending: exact, ties included), logsumexp [R], min [R] (float32) and bad [R] int8 (1: the row holds
     nan or +-inf). One streaming read for the statistics and group maxima (`_split_stats_kernel`), then one
-    program per row finds the top-k by counting (`_grouped_select_kernel`). chunk: groups per candidate chunk
-    (None: GROUPED_SELECT_CHUNK). logsumexp is merged in the kernel, so it may differ from
-    `row_lse_and_min`'s in the last bit.
+    program per row selects the top-k from the group maxima (`_grouped_select_kernel`). chunk: groups per
+    candidate chunk (None: GROUPED_SELECT_CHUNK); cap: how many candidates may be sorted directly (a power of
+    two >= the padded k; None: GROUPED_SELECT_CAP_FACTOR times it; rows with more take the counting path).
+    logsumexp is merged in the kernel, so it may differ from `row_lse_and_min`'s in the last bit.
+
+    x_address: an int64 CUDA tensor [1] holding the address of the logits to read; x then only gives their
+    shape, strides and dtype (x itself is not read). A CUDA graph captured with it reads, on each replay,
+    whichever buffer of that layout the address holds then: the caller must keep it alive until the replay ran.
     """
     if x.dim() != 2:
         raise ValueError(f"x must have rank 2, got shape {tuple(x.shape)}")
@@ -362,10 +420,15 @@ def grouped_vocab_topk(
     if not isinstance(k, int) or not grouped_select_fits(vocab, k, group):
         raise ValueError(f"k must be an int in [1, min(V={vocab}, {GROUPED_SELECT_MAX_K})], got {k!r}")
     if x.stride(1) != 1:
+        if x_address is not None:
+            raise ValueError("x_address needs logits whose last dimension is contiguous")
         x = x.contiguous()
     chunk = GROUPED_SELECT_CHUNK if chunk is None else chunk
     k_pad = max(triton.next_power_of_2(k), 16)
-    part_max, part_sum, part_min, gmax = _split_stats_groupmax(x, group, block)  # [R, S] x3, [R, G]
+    cap = GROUPED_SELECT_CAP_FACTOR * k_pad if cap is None else cap
+    if cap < k_pad or cap & (cap - 1):
+        raise ValueError(f"cap must be a power of two >= {k_pad}, got {cap}")
+    part_max, part_sum, part_min, gmax = _split_stats_groupmax(x, group, block, x_address)  # [R, S] x3, [R, G]
     splits, groups = part_max.shape[1], gmax.shape[1]
     g_pad = triton.next_power_of_2(groups)
     dev = x.device
@@ -376,12 +439,13 @@ def grouped_vocab_topk(
     bad = torch.empty((rows,), dtype=torch.int8, device=dev)
     gid_scratch = torch.empty((rows, g_pad), dtype=torch.int32, device=dev)
     key_scratch = torch.empty((rows, k_pad), dtype=torch.int32, device=dev)
-    id_scratch = torch.empty((rows, k_pad), dtype=torch.int32, device=dev)
+    id_scratch = torch.empty((rows, cap), dtype=torch.int32, device=dev)
     _grouped_select_kernel[(rows,)](
         x, x.stride(0), vocab, gmax, groups, part_max, part_sum, part_min, splits,
         vals, ids, lse, row_min, bad, gid_scratch, key_scratch, id_scratch,
-        K=k, K_PAD=k_pad, G_PAD=g_pad, S_PAD=triton.next_power_of_2(splits), GROUP=group, CH=chunk,
-        num_warps=8,
+        part_max if x_address is None else x_address,
+        K=k, K_PAD=k_pad, CAP=cap, G_PAD=g_pad, S_PAD=triton.next_power_of_2(splits), GROUP=group, CH=chunk,
+        INDIRECT=x_address is not None, num_warps=8,
     )
     # one correctly rounded subtraction per value: equal logits get equal logq, and the order stays descending
     return vals - lse.unsqueeze(1), ids, lse, row_min, bad
@@ -515,7 +579,7 @@ def row_topk_lse(
     part_min = torch.empty_like(part_max)
     hist_hi = torch.empty((rows, splits, 256), dtype=torch.int32, device=x.device)  # [R, S, 256]
     _split_stats_kernel[(rows, splits)](
-        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, hist_hi, part_max, 1,
+        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, hist_hi, part_max, 1, part_max,
         SPLIT_LEN=split_len, BLOCK=block, HIST=True, num_warps=8,
     )
     lse, row_min = _merge_stats(part_max, part_sum, part_min)
