@@ -138,7 +138,7 @@ else
         --no-verify --breakdown 64,128 --json-out "$OUT/build_check.json"
     step bench_verify "${LIMITS[3]}" $PY -m ddtree.cli bench core --check --batch-sizes 64,32 --budgets 128,256 \
         --json-out "$OUT/build_verify_check.json"
-    if [ "${BUFFER_MODES:-0}" = 1 ]; then  # fresh vs repeated buffers, whole-build graph vs DDTREE_TWO_STAGE=1
+    if [ "${BUFFER_MODES:-0}" = 1 ]; then  # fresh vs repeated buffers, indirect graph vs DDTREE_NO_INDIRECT_GRAPH=1
         step buffer_modes 90 $PY benchmarks/build_buffer_modes.py --json-out "$OUT/build_buffer_modes.json"
     fi
 fi

@@ -5,7 +5,8 @@ respond to their launch parameters (issue 2: the 20x target at B = 64, budget 12
 
 1. floors: one streaming read of the logits [R, V] (torch amax) and one copy, for the bandwidth bound;
 2. the statistics kernel (`_split_stats_kernel` with group maxima) over BLOCK x num_warps x programs;
-3. the select kernel (`_grouped_select_kernel`) over chunk x num_warps, for k = 128 and 256;
+3. the select kernel (`_grouped_select_kernel`) over chunk x num_warps x cap (candidates sorted directly, as a
+   multiple of the padded k; 1 sends most rows to the counting path), for k = 128 and 256;
 4. a torch.profiler table of the eager batched build (DDTREE_NO_CUDA_GRAPH=1) at (64, 128) and (64, 256).
 Kernel times are medians of CUDA-event timed calls; each configuration is checked against the default one.
 """
@@ -52,7 +53,7 @@ def stats_launch(x: torch.Tensor, *, block: int, warps: int, programs: int, stag
 
     def launch():
         tk._split_stats_kernel[(rows, splits)](
-            x, part[0], part[1], part[2], vocab, x.stride(0), splits, part[0], gmax, groups,
+            x, part[0], part[1], part[2], vocab, x.stride(0), splits, part[0], gmax, groups, part[0],
             SPLIT_LEN=split_len, BLOCK=block, HIST=False, GMAX=True, GROUP=group, num_warps=warps, **extra,
         )
         return part, gmax
@@ -60,7 +61,7 @@ def stats_launch(x: torch.Tensor, *, block: int, warps: int, programs: int, stag
     return launch
 
 
-def select_launch(x: torch.Tensor, stats, k: int, *, chunk: int, warps: int, group: int = 64):
+def select_launch(x: torch.Tensor, stats, k: int, *, chunk: int, warps: int, cap_factor: int, group: int = 64):
     part, gmax = stats
     rows, vocab = x.shape
     splits, groups = part.shape[2], gmax.shape[1]
@@ -73,13 +74,14 @@ def select_launch(x: torch.Tensor, stats, k: int, *, chunk: int, warps: int, gro
     bad = torch.empty((rows,), dtype=torch.int8, device=dev)
     gid_scratch = torch.empty((rows, triton.next_power_of_2(groups)), dtype=torch.int32, device=dev)
     key_scratch = torch.empty((rows, k_pad), dtype=torch.int32, device=dev)
-    id_scratch = torch.empty((rows, k_pad), dtype=torch.int32, device=dev)
+    cap = cap_factor * k_pad
+    id_scratch = torch.empty((rows, cap), dtype=torch.int32, device=dev)
 
     def launch():
         tk._grouped_select_kernel[(rows,)](
             x, x.stride(0), vocab, gmax, groups, part[0], part[1], part[2], splits,
-            vals, ids, lse, row_min, bad, gid_scratch, key_scratch, id_scratch,
-            K=k, K_PAD=k_pad, G_PAD=triton.next_power_of_2(groups), S_PAD=triton.next_power_of_2(splits),
+            vals, ids, lse, row_min, bad, gid_scratch, key_scratch, id_scratch, part[0],
+            K=k, K_PAD=k_pad, CAP=cap, G_PAD=triton.next_power_of_2(groups), S_PAD=triton.next_power_of_2(splits),
             GROUP=group, CH=chunk, num_warps=warps,
         )
         return vals, ids
@@ -110,7 +112,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     x = (torch.randn((args.rows, args.vocab), device="cuda") * 3).to(torch.bfloat16)  # [R, V]
-    x[::3] = x[::3].round()  # exact ties
+    x_tied = x.clone()
+    x_tied[::3] = x_tied[::3].round()  # exact ties: a third of the rows take the select step's counting path
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "triton": triton.__version__, "rows": args.rows, "vocab": args.vocab}
     gbytes = x.numel() * x.element_size() / 1e9
@@ -123,12 +126,12 @@ def main() -> None:
     ref = stats_launch(x, block=2048, warps=8, programs=4096, stages=None)()
     ref = (ref[0].clone(), ref[1].clone())
     stats_rows = []
-    blocks, warps_list, programs_list = ((2048, 4096, 8192), (4, 8, 16), (960, 3840, 7680, 15360))
+    blocks, warps_list, programs_list = ((1024, 2048, 4096), (4, 8, 16), (960, 1920, 3840, 7680))
     if args.quick:
         blocks, warps_list, programs_list = (2048, 4096), (8,), (3840,)
     for block, warps, programs, stages in itertools.chain(
         itertools.product(blocks, warps_list, programs_list, (None,)),
-        ((2048, 8, 3840, s) for s in (1, 2, 4)),
+        ((2048, 8, 3840, s) for s in (1, 3)),
     ):
         try:
             launch = stats_launch(x, block=block, warps=warps, programs=programs, stages=stages)
@@ -145,21 +148,25 @@ def main() -> None:
               f"({row['GBps']:.0f} GB/s) gmax equal {gmax_ok}", flush=True)
     report["stats"] = stats_rows
 
-    stats = stats_launch(x, block=2048, warps=8, programs=4096, stages=None)()
     select_rows = []
-    for k in (128, 256):
-        ref_vals, ref_ids = (t.clone() for t in select_launch(x, stats, k, chunk=64, warps=8)())
-        for chunk, warps in itertools.product((32, 64, 128), (2, 4, 8, 16) if not args.quick else (4, 8)):
+    for (name, xs), k in itertools.product((("random", x), ("tied", x_tied)), (128, 256)):
+        stats = stats_launch(xs, block=2048, warps=8, programs=4096, stages=None)()
+        ref_vals, ref_ids = (t.clone() for t in select_launch(xs, stats, k, chunk=64, warps=8, cap_factor=1)())
+        configs = itertools.product((32, 64), (4, 8) if not args.quick else (8,), (1, 4))
+        for chunk, warps, cap_factor in configs:
             try:
-                launch = select_launch(x, stats, k, chunk=chunk, warps=warps)
+                launch = select_launch(xs, stats, k, chunk=chunk, warps=warps, cap_factor=cap_factor)
                 vals, ids = launch()
                 ms = median_ms(launch)
             except Exception as exc:
-                print(f"select k={k} chunk={chunk} warps={warps}: {type(exc).__name__}: {str(exc)[:200]}")
+                print(f"select {name} k={k} chunk={chunk} warps={warps} cap={cap_factor}: {type(exc).__name__}: "
+                      f"{str(exc)[:200]}")
                 continue
             same = torch.equal(ids, ref_ids) and torch.equal(vals, ref_vals)
-            select_rows.append({"k": k, "chunk": chunk, "warps": warps, "ms": ms, "same": same})
-            print(f"select k={k} chunk={chunk:3d} warps={warps:2d}: {ms:.4f} ms same {same}", flush=True)
+            select_rows.append({"input": name, "k": k, "chunk": chunk, "warps": warps, "cap_factor": cap_factor,
+                                "ms": ms, "same": same})
+            print(f"select {name} k={k} chunk={chunk:3d} warps={warps:2d} cap={cap_factor}: {ms:.4f} ms same {same}",
+                  flush=True)
     report["select"] = select_rows
 
     report["profiles"] = {}

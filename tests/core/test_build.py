@@ -336,11 +336,11 @@ def test_cuda_non_finite_logits_raise(bad_value: float, method: str, dtype: torc
 
 
 @CUDA
-def test_cuda_two_stage_build_replays_the_tail_for_fresh_buffers(monkeypatch) -> None:
-    """DDTREE_TWO_STAGE=1, bf16 logits, budget <= 256: eager select step on each fresh buffer, one tail graph."""
+def test_cuda_indirect_graph_reads_each_fresh_buffer_in_place(monkeypatch) -> None:
+    """bf16 logits, budget <= 256: one whole-build graph per shape reads each call's buffer through its address
+    (fresh buffers, a non-contiguous view, ties); float32 logits take the copying graph."""
     from ddtree.core import build
 
-    monkeypatch.setenv("DDTREE_TWO_STAGE", "1")
     build.clear_graph_cache()
     gen = torch.Generator(device="cuda").manual_seed(1)
     for round_ in range(4):
@@ -348,20 +348,24 @@ def test_cuda_two_stage_build_replays_the_tail_for_fresh_buffers(monkeypatch) ->
         if round_ % 2:
             logits[1] = logits[1].round()  # ties
         assert_same_tree(build_tree(logits, 64, method="heap"), build_tree(logits, 64, method="batched"))
-    assert len(build._TAIL_GRAPHS) == 1 and not build._GRAPHS, "expected one tail graph and no whole-build graph"
-    float_logits = torch.randn((2, 15, 20000), generator=gen, device="cuda")  # float32: the whole-build graph
+    wide = (torch.randn((2, 15, 40000), generator=gen, device="cuda") * 3).to(torch.bfloat16)
+    view = wide[:, :, ::2]  # [2, 15, 20000], not contiguous
+    assert_same_tree(build_tree(view, 64, method="heap"), build_tree(view, 64, method="batched"))
+    assert [key[-1] for key in build._GRAPHS] == ["indirect"], "expected one indirect graph for the shape"
+    float_logits = torch.randn((2, 15, 20000), generator=gen, device="cuda")  # float32: the copying graph
     assert_same_tree(build_tree(float_logits, 64, method="heap"), build_tree(float_logits, 64, method="batched"))
-    assert len(build._GRAPHS) == 1
+    assert len(build._GRAPHS) == 2
     build.clear_graph_cache()
 
 
 @CUDA
 def test_cuda_alias_graph_reads_the_callers_buffer_in_place() -> None:
+    """float32 logits (the torch vocabulary step, so no indirect graph): the alias graph for a repeated buffer."""
     from ddtree.core import build
 
     build.clear_graph_cache()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    buf = torch.empty((2, 15, 20000), device="cuda", dtype=torch.bfloat16)  # [B, D, V], one buffer every round
+    buf = torch.empty((2, 15, 20000), device="cuda", dtype=torch.float32)  # [B, D, V], one buffer every round
     for round_ in range(5):  # round 3 on replays the alias graph; new logits written into the buffer in place
         buf.copy_(torch.randn(buf.shape, generator=gen, device="cuda") * 3)
         if round_ % 2:
@@ -374,36 +378,38 @@ def test_cuda_alias_graph_reads_the_callers_buffer_in_place() -> None:
     build.clear_graph_cache()
 
 
-def test_two_stage_dispatch_caches_one_tail_per_shape_and_falls_back_when_capture_fails(monkeypatch) -> None:
-    """The two-stage path's bookkeeping, on CPU with a stand-in for the CUDA graph (the graph itself runs only
-    on CUDA: test_cuda_two_stage_build_replays_the_tail_for_fresh_buffers)."""
+def test_indirect_dispatch_caches_one_graph_per_shape_and_falls_back_when_capture_fails(monkeypatch) -> None:
+    """The indirect graph's bookkeeping, on CPU with a stand-in for the CUDA graph (the graph itself runs only
+    on CUDA: test_cuda_indirect_graph_reads_each_fresh_buffer_in_place)."""
     from ddtree.core import build
 
     made = []
 
-    class FakeTail:
-        def __init__(self, logq, ids, budget):
-            made.append(budget)
+    class FakeGraph:
+        def __init__(self, like, budget, *, mode="copy"):
+            made.append((budget, mode))
             self.budget = budget
 
-        def __call__(self, logq, ids):
-            return build._tail_tensors(logq, ids, self.budget)
+        def __call__(self, logits):
+            assert logits.is_contiguous()
+            return build._batched_tensors(logits, self.budget)
 
-    monkeypatch.setattr(build, "_GraphedTail", FakeTail)
+    monkeypatch.setattr(build, "_GraphedBuild", FakeGraph)
+    monkeypatch.setattr(build, "_indirect_usable", lambda logits, budget: True)
     build.clear_graph_cache()
     gen = torch.Generator().manual_seed(0)
-    for _ in range(3):  # fresh logits each round, one tail per shape
-        logits = torch.randn((2, 4, 300), generator=gen) * 3
-        assert_same_tree(build_tree(logits, 16, method="heap"), build._build_two_stage(logits, 16))
-    assert made == [16] and len(build._TAIL_GRAPHS) == 1
+    for _ in range(3):  # fresh logits each round (one of them a non-contiguous view), one graph per shape
+        logits = (torch.randn((2, 4, 600), generator=gen) * 3)[:, :, ::2]
+        assert_same_tree(build_tree(logits, 16, method="heap"), build._build_batched_graphed(logits, 16))
+    assert made == [(16, "indirect")] and len(build._GRAPHS) == 1
 
-    def refuse(logq, ids, budget):
+    def refuse(like, budget, *, mode="copy"):
         raise RuntimeError("capture refused")
 
-    monkeypatch.setattr(build, "_GraphedTail", refuse)
+    monkeypatch.setattr(build, "_GraphedBuild", refuse)
     logits = torch.randn((2, 4, 300), generator=gen) * 3
     with pytest.warns(UserWarning, match="capture failed"):
-        tree = build._build_two_stage(logits, 8)  # a new shape key: capture refused -> the eager tail
+        tree = build._build_batched_graphed(logits, 8)  # a new shape key: capture refused -> the eager build
     assert_same_tree(build_tree(logits, 8, method="heap"), tree)
-    assert (2, 4, 8, 8, None) in build._UNGRAPHABLE_TAILS
+    assert ((2, 4, 300), torch.float32, 8, None, "indirect") in build._UNGRAPHABLE
     build.clear_graph_cache()

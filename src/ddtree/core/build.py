@@ -7,11 +7,11 @@ return identical trees (same nodes, same numbering, bit-identical logws):
 * ``batched``: a per-depth beam of width ``budget`` followed by a global top-``budget``, all tensor ops,
   no host round-trip, batched over requests. On CUDA with bf16/fp16 logits and k = min(budget, V) <= 256
   the vocabulary step is two Triton kernels (one read for row logsumexp, min and the maxima of groups of 64
-  ids; then one program per row finds the exact top-k by counting, `grouped_vocab_topk`), and the tail is
-  two more (the per-depth beam as one program per request, then the tree assembly). On CUDA the whole build
-  is one CUDA graph per shape, reading a stable caller buffer in place once seen twice, else through a static
-  copy (opt-in DDTREE_TWO_STAGE=1: the vocabulary step eagerly on the caller's buffer, a graph for the tail
-  only). Other dtypes or k > 256 use the torch/int32-key vocabulary steps (`grouped_topk16`, `pruned_topk`;
+  ids; then one program per row selects the exact top-k from the group maxima, `grouped_vocab_topk`), and
+  the tail is two more (the per-depth beam as one program per request, then the tree assembly). On CUDA the
+  whole build is one CUDA graph per shape; with the select step it reads each call's logits in place through
+  an address set before the replay (no input copy), otherwise through a static copy, or in place once a
+  stable caller buffer was seen twice. Other dtypes or k > 256 use the torch/int32-key vocabulary steps (`grouped_topk16`, `pruned_topk`;
   the radix-select kernel is opt-in with DDTREE_FUSED_TOPK=1). Every Triton piece is probed or checked
   against its torch twin once per device or shape; the torch beam stays the eager reference and the CPU path.
 
@@ -249,13 +249,16 @@ def _vocab_step_grouped(x2d: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     return vals.float() - lse.unsqueeze(1), ids, bad
 
 
-def _vocab_step_select(x2d: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _vocab_step_select(
+    x2d: torch.Tensor, k: int, x_address: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x2d [R, V] bf16/fp16 -> (logq [R, k] float32 descending, ids [R, k] int64, bad 0-dim bool) in two
     Triton kernels: one read for the statistics and group maxima, then one program per row that selects the
-    exact top-k from the group maxima (`grouped_vocab_topk`; k <= 256)."""
+    exact top-k from the group maxima (`grouped_vocab_topk`; k <= 256). x_address: the kernels read the
+    logits at this address instead of x2d's (the indirect graph)."""
     from ddtree.core.triton_kernels import grouped_vocab_topk
 
-    logq, ids, _, _, bad_rows = grouped_vocab_topk(x2d, k, group=GROUP)  # [R, k] x2, ..., [R] int8
+    logq, ids, _, _, bad_rows = grouped_vocab_topk(x2d, k, group=GROUP, x_address=x_address)  # [R, k] x2, .., [R]
     return logq, ids, bad_rows.any()
 
 
@@ -304,19 +307,24 @@ def _vocab_step(x2d: torch.Tensor, k: int, *, fused: bool) -> tuple[torch.Tensor
     return logq, ids, bad
 
 
-def depth_topk(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def depth_topk(
+    draft_logits: torch.Tensor, k: int, *, x_address: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-position top-k of log_softmax, in a deterministic order.
 
     Returns logq [B, D, k] float32 (descending), token ids [B, D, k] int64, and a 0-dim bool tensor that is
     True when the logits hold a non-finite value (checked by the caller, so no sync happens here).
     The top-k runs on the raw logits (any float dtype, no float copy); log_softmax = logit - logsumexp.
     Among equal logits the smaller token id gets the smaller rank. Both builders call this, so they share
-    one vocabulary step (on CUDA with bf16/fp16 logits: the fused Triton kernel).
+    one vocabulary step (on CUDA with bf16/fp16 logits and k <= 256: the Triton select step).
+    x_address (only where `_indirect_usable`): the select step reads the logits at this address instead.
     """
     b, d, v = draft_logits.shape
     x2d = draft_logits.reshape(b * d, v)  # [R, V]
-    fused = _fused_topk_usable(x2d)  # the opt-in radix-select step takes precedence when asked for
-    if not fused and _select_usable(x2d, k):
+    fused = x_address is None and _fused_topk_usable(x2d)  # the opt-in radix-select step comes first if asked
+    if x_address is not None:
+        logq, ids, bad = _vocab_step_select(x2d, k, x_address)
+    elif not fused and _select_usable(x2d, k):
         logq, ids, bad = _vocab_step_select(x2d, k)
     elif not fused and _grouped_usable(x2d, k):
         logq, ids, bad = _vocab_step_grouped(x2d, k)
@@ -508,12 +516,14 @@ def _tail_tensors(logq: torch.Tensor, ids: torch.Tensor, budget: int) -> tuple[t
     return tree
 
 
-def _batched_tensors(logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
+def _batched_tensors(
+    logits: torch.Tensor, budget: int, x_address: torch.Tensor | None = None
+) -> tuple[torch.Tensor, ...]:
     """Pure tensor body of the batched build (no host sync; CUDA-graph capturable once constants exist).
 
     Returns token_ids, parents, depths, node_logws [B, N], num_nodes [B], bad (0-dim bool).
     """
-    logq, ids, bad = depth_topk(logits, min(budget, logits.shape[2]))  # [B, D, k] x2
+    logq, ids, bad = depth_topk(logits, min(budget, logits.shape[2]), x_address=x_address)  # [B, D, k] x2
     return (*_tail_tensors(logq, ids, budget), bad)
 
 
@@ -551,23 +561,33 @@ def _capture(body, device: torch.device) -> tuple[torch.cuda.CUDAGraph, tuple[to
 
 
 class _GraphedBuild:
-    """One captured batched build for a fixed (shape, dtype, budget, device).
+    """One captured batched build for a fixed (shape, dtype, budget, device), in one of three input modes.
 
-    alias=False: the input is copied into a static buffer before each replay. alias=True: the graph reads
-    the caller's tensor `like` in place (no copy); it may only be replayed for a tensor with the same
-    data_ptr, shape, strides and dtype (then the same bytes), and it keeps `like` alive so that its memory
-    cannot be handed to anything else while the graph exists.
+    "indirect" (the default wherever the Triton select step applies): the two kernels that read the logits
+    take their address from a device scalar, set before each replay, so the graph reads the caller's buffer
+    in place whatever its address (no copy, nothing kept alive). The logits must be contiguous.
+    "copy": the input is copied into a static buffer before each replay (0.15 ms at B = 64, V = 151,936 bf16
+    on an H200). "alias": the graph reads the caller's tensor `like` in place; it may only be replayed for a
+    tensor with the same data_ptr, shape, strides and dtype (then the same bytes), and it keeps `like` alive
+    so that its memory cannot be handed to anything else while the graph exists.
     """
 
-    def __init__(self, like: torch.Tensor, budget: int, *, alias: bool = False) -> None:
+    def __init__(self, like: torch.Tensor, budget: int, *, mode: str = "copy") -> None:
         self.budget = budget
-        self.alias = alias
-        if alias:
-            self.static_in = like
+        self.mode = mode
+        self.address = None
+        if mode == "indirect":
+            self.address = torch.tensor([like.data_ptr()], dtype=torch.int64, device=like.device)  # [1]
+            self.static_in = None
+            body_in = like  # gives the layout only: the kernels read self.address
+        elif mode == "alias":
+            self.static_in = body_in = like
         else:
-            self.static_in = torch.zeros_like(like)
+            self.static_in = body_in = torch.zeros_like(like)
             self.static_in.copy_(like)
-        self.graph, self.static_out = _capture(lambda: _batched_tensors(self.static_in, budget), like.device)
+        self.graph, self.static_out = _capture(
+            lambda: _batched_tensors(body_in, budget, self.address), like.device
+        )
 
     def reads(self, logits: torch.Tensor) -> bool:
         """An alias graph can replay for logits: same memory, same layout (so the same bytes)."""
@@ -578,50 +598,22 @@ class _GraphedBuild:
         )
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if not self.alias:
+        if self.mode == "indirect":
+            self.address.fill_(logits.data_ptr())  # stream-ordered: this replay reads this buffer
+        elif self.mode == "copy":
             self.static_in.copy_(logits)
         self.graph.replay()
         return tuple(t.clone() for t in self.static_out)
 
 
-class _GraphedTail:
-    """The captured tail (`_tail_tensors`) for one (B, D, k, budget, device), fed by an eager vocabulary step.
-
-    With the Triton select step the vocabulary stage is two kernel launches that read the caller's logits
-    where they are, so only the tail needs a graph, and its inputs (logq / ids, [B, D, k]) are small to copy:
-    no [B, D, V] static input copy (0.15 ms at B = 64, V = 151,936 on an H200) for a fresh buffer each round.
-    """
-
-    def __init__(self, logq: torch.Tensor, ids: torch.Tensor, budget: int) -> None:
-        self.budget = budget
-        self.static_logq = logq.clone()
-        self.static_ids = ids.clone()
-        self.graph, self.static_out = _capture(
-            lambda: _tail_tensors(self.static_logq, self.static_ids, budget), logq.device
-        )
-
-    def __call__(self, logq: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        self.static_logq.copy_(logq)
-        self.static_ids.copy_(ids)
-        self.graph.replay()
-        return tuple(t.clone() for t in self.static_out)
-
-
-_TAIL_GRAPHS: OrderedDict[tuple, _GraphedTail] = OrderedDict()
-_UNGRAPHABLE_TAILS: set[tuple] = set()
-
-
-def _two_stage_enabled(x2d: torch.Tensor, k: int) -> bool:
-    """Eager select step + graphed tail: opt-in with DDTREE_TWO_STAGE=1, when the select step applies.
-
-    Not the default yet: it was written after this session's GPU time was spent, so it is unmeasured (see
-    benchmarks/build_buffer_modes.py for the measurement to run). The whole-build graph measured 0.57-0.59 ms
-    at B = 64, budget 128 on an H200 when the caller's buffer repeats (alias graph) and 0.66-0.72 ms for a fresh
-    buffer per call (its static input copy takes 0.15 ms); the two-stage path should take ~0.57 ms for both.
-    """
-    if os.environ.get("DDTREE_TWO_STAGE", "") not in ("1", "true", "yes"):
+def _indirect_usable(logits: torch.Tensor, budget: int) -> bool:
+    """The whole-build graph can read the caller's buffer through an address (`_GraphedBuild` "indirect"):
+    the Triton select step is the vocabulary step for this input, and DDTREE_NO_INDIRECT_GRAPH is not set."""
+    if os.environ.get("DDTREE_NO_INDIRECT_GRAPH", "") in ("1", "true", "yes"):
         return False
-    return not _fused_topk_usable(x2d) and _select_usable(x2d, k)
+    b, d, v = logits.shape
+    x2d = logits.reshape(b * d, v)
+    return not _fused_topk_usable(x2d) and _select_usable(x2d, min(budget, v))
 
 
 def _cached_graph(cache: OrderedDict, failed: set, key: tuple, make, what: str):
@@ -646,17 +638,6 @@ def _cached_graph(cache: OrderedDict, failed: set, key: tuple, make, what: str):
     return graphed
 
 
-def _build_two_stage(logits: torch.Tensor, budget: int) -> DDTreeBuildResult:
-    b, d, v = logits.shape
-    k = min(budget, v)
-    logq, ids, bad = depth_topk(logits, k)  # eager: two Triton kernels read the caller's buffer in place
-    key = (b, d, k, budget, logits.device.index)
-    graphed = _cached_graph(_TAIL_GRAPHS, _UNGRAPHABLE_TAILS, key, lambda: _GraphedTail(logq, ids, budget), "tail")
-    tree = graphed(logq, ids) if graphed is not None else _tail_tensors(logq, ids, budget)
-    _raise_if_bad(bad)
-    return _result((*tree, bad))
-
-
 _GRAPHS: OrderedDict[tuple, _GraphedBuild] = OrderedDict()
 _UNGRAPHABLE: set[tuple] = set()
 _MAX_GRAPHS = 16
@@ -666,7 +647,8 @@ def _graphs_enabled() -> bool:
     return os.environ.get("DDTREE_NO_CUDA_GRAPH", "") not in ("1", "true", "yes")
 
 
-# Alias graphs skip the static input copy (0.16 ms of 2.4 at B = 64, budget 128 on an H200) for callers that
+# Where the indirect graph does not apply (float32 logits, k > 256, the opt-in radix step, or
+# DDTREE_NO_INDIRECT_GRAPH=1), alias graphs skip the static input copy for callers that
 # pass the same buffer every round (e.g. a drafter replayed from its own CUDA graph): once the copying graph
 # exists, two calls in a row at one address capture a second graph that reads that buffer in place (one per
 # shape key). If the buffer later moves (e.g. a fresh temporary per call that the allocator happened to
@@ -698,7 +680,7 @@ def _alias_graph(key: tuple, logits: torch.Tensor, budget: int) -> _GraphedBuild
     if not seen_twice:
         return None
     try:
-        graphed = _GraphedBuild(logits, budget, alias=True)
+        graphed = _GraphedBuild(logits, budget, mode="alias")
     except RuntimeError:  # capture refused: the copying graph still serves this key
         _NO_ALIAS.add(key)
         return None
@@ -709,6 +691,17 @@ def _alias_graph(key: tuple, logits: torch.Tensor, budget: int) -> _GraphedBuild
 
 
 def _build_batched_graphed(logits: torch.Tensor, budget: int) -> DDTreeBuildResult:
+    if _indirect_usable(logits, budget):
+        logits = logits.contiguous()  # the graph reads rows at a fixed stride
+        key = (tuple(logits.shape), logits.dtype, budget, logits.device.index, "indirect")
+        graphed = _cached_graph(
+            _GRAPHS, _UNGRAPHABLE, key, lambda: _GraphedBuild(logits, budget, mode="indirect"), "batched build"
+        )
+        if graphed is None:
+            return _build_batched_eager(logits, budget)
+        tensors = graphed(logits)
+        _raise_if_bad(tensors[-1])
+        return _result(tensors)
     key = (tuple(logits.shape), logits.dtype, budget, logits.device.index)
     if key in _UNGRAPHABLE:
         return _build_batched_eager(logits, budget)
@@ -727,8 +720,6 @@ def _build_batched_graphed(logits: torch.Tensor, budget: int) -> DDTreeBuildResu
 
 def clear_graph_cache() -> None:
     """Drop every captured build (frees their static buffers)."""
-    _TAIL_GRAPHS.clear()
-    _UNGRAPHABLE_TAILS.clear()
     _GRAPHS.clear()
     _ALIAS_GRAPHS.clear()
     _LAST_ADDRESS.clear()
@@ -920,8 +911,5 @@ def build_tree(draft_logits: torch.Tensor, budget: int, *, method: str = "auto")
     if method == "heap":
         return _build_heap(logits, budget)
     if logits.is_cuda and _graphs_enabled():
-        b, d, v = logits.shape
-        if _two_stage_enabled(logits.reshape(b * d, v), min(budget, v)):
-            return _build_two_stage(logits, budget)
         return _build_batched_graphed(logits, budget)
     return _build_batched_eager(logits, budget)
