@@ -108,6 +108,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64 * 15)
     parser.add_argument("--vocab", type=int, default=151_936)
     parser.add_argument("--quick", action="store_true", help="fewer configurations")
+    parser.add_argument("--parts", default="floors,stats,select,profile", help="comma-separated parts to run")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -116,6 +117,7 @@ def main() -> None:
     x_tied[::3] = x_tied[::3].round()  # exact ties: a third of the rows take the select step's counting path
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "triton": triton.__version__, "rows": args.rows, "vocab": args.vocab}
+    parts = set(args.parts.split(","))
     gbytes = x.numel() * x.element_size() / 1e9
     floors = {"amax_ms": median_ms(lambda: x.amax(-1)), "clone_ms": median_ms(lambda: x.clone())}
     floors["amax_GBps"] = gbytes / floors["amax_ms"] * 1e3
@@ -129,10 +131,10 @@ def main() -> None:
     blocks, warps_list, programs_list = ((1024, 2048, 4096), (4, 8, 16), (960, 1920, 3840, 7680))
     if args.quick:
         blocks, warps_list, programs_list = (2048, 4096), (8,), (3840,)
-    for block, warps, programs, stages in itertools.chain(
-        itertools.product(blocks, warps_list, programs_list, (None,)),
-        ((2048, 8, 3840, s) for s in (1, 3)),
-    ):
+    stats_configs = itertools.chain(
+        itertools.product(blocks, warps_list, programs_list, (None,)), ((2048, 8, 3840, s) for s in (1, 3))
+    )
+    for block, warps, programs, stages in stats_configs if "stats" in parts else ():
         try:
             launch = stats_launch(x, block=block, warps=warps, programs=programs, stages=stages)
             part, gmax = launch()
@@ -149,10 +151,11 @@ def main() -> None:
     report["stats"] = stats_rows
 
     select_rows = []
-    for (name, xs), k in itertools.product((("random", x), ("tied", x_tied)), (128, 256)):
+    inputs = (("random", x), ("tied", x_tied)) if "select" in parts else ()
+    for (name, xs), k in itertools.product(inputs, (128, 256)):
         stats = stats_launch(xs, block=2048, warps=8, programs=4096, stages=None)()
         ref_vals, ref_ids = (t.clone() for t in select_launch(xs, stats, k, chunk=64, warps=8, cap_factor=1)())
-        configs = itertools.product((32, 64), (4, 8) if not args.quick else (8,), (1, 4))
+        configs = itertools.product((32, 64), (4, 8, 16) if not args.quick else (8,), (1, 2, 4))
         for chunk, warps, cap_factor in configs:
             try:
                 launch = select_launch(xs, stats, k, chunk=chunk, warps=warps, cap_factor=cap_factor)
@@ -170,7 +173,7 @@ def main() -> None:
     report["select"] = select_rows
 
     report["profiles"] = {}
-    for batch, budget in ((64, 128), (64, 256)):
+    for batch, budget in ((64, 128), (64, 256)) if "profile" in parts else ():
         table = profile_build(batch, budget, args.vocab, args.rows // 64 if args.rows % 64 == 0 else 15)
         report["profiles"][f"{batch}x{budget}"] = table
         print(f"--- eager batched build B={batch} budget={budget}, 10 calls ---\n{table}", flush=True)

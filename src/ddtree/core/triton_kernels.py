@@ -317,14 +317,15 @@ def _grouped_select_kernel(
         c += CH
     tl.debug_barrier()
 
+    # (the two branches below name their tensors apart: the compiler rejects a name bound to different shapes)
     if n_cand <= CAP:  # sort them all; the first K are the top-K
-        slot = tl.arange(0, CAP)
-        real = slot < n_cand
-        cand = tl.load(id_row + slot, mask=real, other=0).to(tl.int64)
-        cand_key = _order_key16(tl.load(x_row + cand, mask=real, other=0.0)).to(tl.int64)
-        sort_key = tl.sort(tl.where(real, (cand_key << 32) | (4294967295 - cand), -1), descending=True)
+        cand_slot = tl.arange(0, CAP)
+        cand_real = cand_slot < n_cand
+        cand = tl.load(id_row + cand_slot, mask=cand_real, other=0).to(tl.int64)
+        cand_key = _order_key16(tl.load(x_row + cand, mask=cand_real, other=0.0)).to(tl.int64)
+        cand_sorted = tl.sort(tl.where(cand_real, (cand_key << 32) | (4294967295 - cand), -1), descending=True)
         tl.debug_barrier()  # every candidate id was read before the sorted ids overwrite them
-        tl.store(id_row + slot, (4294967295 - (sort_key & 4294967295)).to(tl.int32), mask=slot < K)
+        tl.store(id_row + cand_slot, (4294967295 - (cand_sorted & 4294967295)).to(tl.int32), mask=cand_slot < K)
     else:
         # 3. T2: the largest t >= T1 with #(candidates >= t) >= K (K <= V, and #(>= T1) >= min(K, V))
         lo = t1
@@ -351,20 +352,20 @@ def _grouped_select_kernel(
             pos_above = seen_above + tl.cumsum(above, 0) - 1
             pos_tied = seen_tied + tl.cumsum(tied, 0) - 1
             keep = (above > 0) | ((tied > 0) & (pos_tied < need_tied))
-            slot = tl.where(above > 0, pos_above, n_above + pos_tied)
-            tl.store(key_row + slot, key, mask=keep)
-            tl.store(id_row + slot, ids, mask=keep)
+            dest = tl.where(above > 0, pos_above, n_above + pos_tied)
+            tl.store(key_row + dest, key, mask=keep)
+            tl.store(id_row + dest, ids, mask=keep)
             seen_above += tl.sum(above, 0)
             seen_tied += tl.sum(tied, 0)
             c += CH
         tl.debug_barrier()
-        out = tl.arange(0, K_PAD)
-        out_mask = out < K
-        top_ids = tl.load(id_row + out, mask=out_mask, other=0).to(tl.int64)
-        sort_key = (tl.load(key_row + out, mask=out_mask, other=0).to(tl.int64) << 32) | (4294967295 - top_ids)
-        sort_key = tl.sort(tl.where(out_mask, sort_key, -1), descending=True)  # value descending, then id ascending
+        top_slot = tl.arange(0, K_PAD)
+        top_mask = top_slot < K
+        top_ids = tl.load(id_row + top_slot, mask=top_mask, other=0).to(tl.int64)
+        top_keys = (tl.load(key_row + top_slot, mask=top_mask, other=0).to(tl.int64) << 32) | (4294967295 - top_ids)
+        top_sorted = tl.sort(tl.where(top_mask, top_keys, -1), descending=True)  # value descending, then id ascending
         tl.debug_barrier()
-        tl.store(id_row + out, (4294967295 - (sort_key & 4294967295)).to(tl.int32), mask=out_mask)
+        tl.store(id_row + top_slot, (4294967295 - (top_sorted & 4294967295)).to(tl.int32), mask=top_mask)
     tl.debug_barrier()
 
     out = tl.arange(0, K_PAD)
