@@ -693,6 +693,8 @@ def _alias_graph(key: tuple, logits: torch.Tensor, budget: int) -> _GraphedBuild
 def _build_batched_graphed(logits: torch.Tensor, budget: int) -> DDTreeBuildResult:
     if _indirect_usable(logits, budget):
         logits = logits.contiguous()  # the graph reads rows at a fixed stride
+        if logits.data_ptr() % 16:  # the kernels assume a 16-byte aligned address (vectorized loads)
+            logits = logits.clone()
         key = (tuple(logits.shape), logits.dtype, budget, logits.device.index, "indirect")
         graphed = _cached_graph(
             _GRAPHS, _UNGRAPHABLE, key, lambda: _GraphedBuild(logits, budget, mode="indirect"), "batched build"

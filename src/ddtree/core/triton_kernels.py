@@ -411,7 +411,7 @@ def grouped_vocab_topk(
     two >= the padded k; None: GROUPED_SELECT_CAP_FACTOR times it; rows with more take the counting path).
     logsumexp is merged in the kernel, so it may differ from `row_lse_and_min`'s in the last bit.
 
-    x_address: an int64 CUDA tensor [1] holding the address of the logits to read; x then only gives their
+    x_address: an int64 CUDA tensor [1] holding the 16-byte aligned address of the logits to read; x then only gives their
     shape, strides and dtype (x itself is not read). A CUDA graph captured with it reads, on each replay,
     whichever buffer of that layout the address holds then: the caller must keep it alive until the replay ran.
     """
