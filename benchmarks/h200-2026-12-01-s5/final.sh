@@ -7,8 +7,8 @@ timeout 60 python3 benchmarks/build_buffer_modes.py --cells 64x128,64x256 --json
 mode=$(python3 -c "import json; r = json.load(open('$OUT/buffer_modes.json'))['rows'][0]; print('indirect' if r['indirect_fresh_ms'] <= r['copy_or_alias_fresh_ms'] else 'copy')")
 echo "grid graph mode: $mode"
 if [ "$mode" = copy ]; then export DDTREE_NO_INDIRECT_GRAPH=1; fi
-timeout 330 python3 -m ddtree.cli bench core --check --breakdown 64,128 --json-out $OUT/core_full_grid.json > $OUT/core_full_grid.txt 2>&1
+timeout 270 python3 -m ddtree.cli bench core --check --breakdown 64,128 --json-out $OUT/core_full_grid.json > $OUT/core_full_grid.txt 2>&1
 echo "grid rc=$?"; grep -v Warning $OUT/core_full_grid.txt | tail -40
 unset DDTREE_NO_INDIRECT_GRAPH
-timeout 100 python3 -m pytest -q --tb=line -p no:cacheprovider tests/core/test_build.py -k cuda > $OUT/pytest_build_cuda.txt 2>&1
+timeout 70 python3 -m pytest -q --tb=line -p no:cacheprovider tests/core/test_build.py -k cuda > $OUT/pytest_build_cuda.txt 2>&1
 echo "pytest rc=$?"; tail -5 $OUT/pytest_build_cuda.txt
