@@ -278,6 +278,27 @@ def test_select_step_reads_the_logits_at_x_address() -> None:
         grouped_vocab_topk(layout.t().contiguous().t(), 40, x_address=address)
 
 
+@pytest.mark.parametrize("budget", [5, 40])
+def test_indirect_build_body_equals_the_heap_for_each_buffer(monkeypatch, budget: int) -> None:
+    """The body the indirect CUDA graph replays (`_batched_tensors` with an address), run eagerly: captured once
+    for one buffer's layout, it builds each later buffer's tree once the address is set to that buffer."""
+    from ddtree.core.build import _batched_tensors
+
+    monkeypatch.setattr(build, "_fused_topk_usable", lambda x2d: False)
+    monkeypatch.setattr(build, "_select_usable", lambda x2d, k: x2d.dtype in FUSED_DTYPES)
+    layout = distinct_logits(2 * 4, 150, torch.bfloat16, seed=3).view(2, 4, 150)
+    address = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    for seed in range(3):
+        rows = tied_logits(8, 150, 1.0, torch.bfloat16, seed=seed) if seed % 2 else distinct_logits(
+            8, 150, torch.bfloat16, seed=seed)
+        fresh = rows.view(2, 4, 150)  # another buffer each round, ties in every other one
+        address.fill_(fresh.data_ptr())
+        tree = build._result(_batched_tensors(layout, budget, address))
+        heap = build_tree(fresh, budget, method="heap")
+        for f in FIELDS:
+            assert torch.equal(getattr(heap, f), getattr(tree, f)), f
+
+
 @pytest.mark.parametrize("bad_cap", [8, 48, 100])
 def test_select_step_rejects_bad_cap(bad_cap: int) -> None:
     from ddtree.core.triton_kernels import grouped_vocab_topk
