@@ -6,10 +6,14 @@ runs under the interpreter and is a compile error on the GPU. Skips without trit
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 
 triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET", "") == "1", reason="under TRITON_INTERPRET=1 the kernels are not compiled"
+)
 
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
