@@ -17,27 +17,17 @@ import argparse
 import itertools
 import json
 import os
-import statistics
 
 import torch
 import triton
 
+from ddtree.bench.core import time_call
 from ddtree.core import triton_kernels as tk
 from ddtree.core.build import build_tree
 
 
 def median_ms(fn, repeats: int = 30) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return time_call(fn, torch.device("cuda"), repeats, warmup=1)
 
 
 def stats_launch(x: torch.Tensor, *, block: int, warps: int, programs: int, stages: int | None, group: int = 64):
@@ -63,30 +53,10 @@ def stats_launch(x: torch.Tensor, *, block: int, warps: int, programs: int, stag
 
 def select_launch(x: torch.Tensor, stats, k: int, *, chunk: int, warps: int, cap_factor: int, group: int = 64):
     part, gmax = stats
-    rows, vocab = x.shape
-    splits, groups = part.shape[2], gmax.shape[1]
-    k_pad = max(triton.next_power_of_2(k), 16)
-    dev = x.device
-    vals = torch.empty((rows, k), dtype=torch.float32, device=dev)
-    ids = torch.empty((rows, k), dtype=torch.int64, device=dev)
-    lse = torch.empty((rows,), dtype=torch.float32, device=dev)
-    row_min = torch.empty_like(lse)
-    bad = torch.empty((rows,), dtype=torch.int8, device=dev)
-    gid_scratch = torch.empty((rows, triton.next_power_of_2(groups)), dtype=torch.int32, device=dev)
-    key_scratch = torch.empty((rows, k_pad), dtype=torch.int32, device=dev)
-    cap = cap_factor * k_pad
-    id_scratch = torch.empty((rows, cap), dtype=torch.int32, device=dev)
-
-    def launch():
-        tk._grouped_select_kernel[(rows,)](
-            x, x.stride(0), vocab, gmax, groups, part[0], part[1], part[2], splits,
-            vals, ids, lse, row_min, bad, gid_scratch, key_scratch, id_scratch, part[0],
-            K=k, K_PAD=k_pad, CAP=cap, G_PAD=triton.next_power_of_2(groups), S_PAD=triton.next_power_of_2(splits),
-            GROUP=group, CH=chunk, num_warps=warps,
-        )
-        return vals, ids
-
-    return launch
+    cap = cap_factor * max(triton.next_power_of_2(k), 16)
+    launch = tk.select_launcher(x, k, (part[0], part[1], part[2], gmax), group=group, chunk=chunk, cap=cap,
+                                num_warps=warps)
+    return lambda: launch()[:2]  # (vals, ids)
 
 
 def profile_build(batch: int, budget: int, vocab: int, depth: int) -> str:

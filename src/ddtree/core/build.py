@@ -632,10 +632,15 @@ def _cached_graph(cache: OrderedDict, failed: set, key: tuple, make, what: str):
         warnings.warn(f"ddtree build_tree: CUDA graph capture failed ({exc}); using the eager {what}")
         failed.add(key)
         return None
+    _lru_put(cache, key, graphed)
+    return graphed
+
+
+def _lru_put(cache: OrderedDict, key: tuple, graphed: _GraphedBuild) -> None:
+    """Insert into an LRU graph cache, evicting the least recently used beyond _MAX_GRAPHS."""
     cache[key] = graphed
     while len(cache) > _MAX_GRAPHS:
         cache.popitem(last=False)
-    return graphed
 
 
 _GRAPHS: OrderedDict[tuple, _GraphedBuild] = OrderedDict()
@@ -684,9 +689,7 @@ def _alias_graph(key: tuple, logits: torch.Tensor, budget: int) -> _GraphedBuild
     except RuntimeError:  # capture refused: the copying graph still serves this key
         _NO_ALIAS.add(key)
         return None
-    _ALIAS_GRAPHS[key] = graphed
-    while len(_ALIAS_GRAPHS) > _MAX_GRAPHS:
-        _ALIAS_GRAPHS.popitem(last=False)
+    _lru_put(_ALIAS_GRAPHS, key, graphed)
     return graphed
 
 

@@ -431,8 +431,32 @@ def grouped_vocab_topk(
     cap = GROUPED_SELECT_CAP_FACTOR * k_pad if cap is None else cap
     if cap < k_pad or cap & (cap - 1):
         raise ValueError(f"cap must be a power of two >= {k_pad}, got {cap}")
-    part_max, part_sum, part_min, gmax = _split_stats_groupmax(x, group, block, x_address)  # [R, S] x3, [R, G]
+    stats = _split_stats_groupmax(x, group, block, x_address)  # part max/sum/min [R, S] x3, group maxima [R, G]
+    vals, ids, lse, row_min, bad = select_launcher(x, k, stats, group=group, chunk=chunk, cap=cap,
+                                                   x_address=x_address)()
+    # one correctly rounded subtraction per value: equal logits get equal logq, and the order stays descending
+    return vals - lse.unsqueeze(1), ids, lse, row_min, bad
+
+
+def select_launcher(
+    x: torch.Tensor,
+    k: int,
+    stats: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    *,
+    group: int,
+    chunk: int,
+    cap: int,
+    x_address: torch.Tensor | None = None,
+    num_warps: int = 8,
+):
+    """The select kernel's outputs and scratch for x [R, V] (contiguous rows) and the statistics `stats` of
+    `_split_stats_groupmax`, allocated once; returns a function that launches the kernel into them and returns
+    (vals [R, k] float32, ids [R, k] int64, lse [R], min [R] float32, bad [R] int8). Arguments unchecked: see
+    `grouped_vocab_topk`, which checks them (benchmarks call this to time the kernel alone)."""
+    part_max, part_sum, part_min, gmax = stats
+    rows, vocab = x.shape
     splits, groups = part_max.shape[1], gmax.shape[1]
+    k_pad = max(triton.next_power_of_2(k), 16)
     g_pad = triton.next_power_of_2(groups)
     dev = x.device
     vals = torch.empty((rows, k), dtype=torch.float32, device=dev)
@@ -443,15 +467,18 @@ def grouped_vocab_topk(
     gid_scratch = torch.empty((rows, g_pad), dtype=torch.int32, device=dev)
     key_scratch = torch.empty((rows, k_pad), dtype=torch.int32, device=dev)
     id_scratch = torch.empty((rows, cap), dtype=torch.int32, device=dev)
-    _grouped_select_kernel[(rows,)](
-        x, x.stride(0), vocab, gmax, groups, part_max, part_sum, part_min, splits,
-        vals, ids, lse, row_min, bad, gid_scratch, key_scratch, id_scratch,
-        part_max if x_address is None else x_address,
-        K=k, K_PAD=k_pad, CAP=cap, G_PAD=g_pad, S_PAD=triton.next_power_of_2(splits), GROUP=group, CH=chunk,
-        INDIRECT=x_address is not None, num_warps=8,
-    )
-    # one correctly rounded subtraction per value: equal logits get equal logq, and the order stays descending
-    return vals - lse.unsqueeze(1), ids, lse, row_min, bad
+
+    def launch():
+        _grouped_select_kernel[(rows,)](
+            x, x.stride(0), vocab, gmax, groups, part_max, part_sum, part_min, splits,
+            vals, ids, lse, row_min, bad, gid_scratch, key_scratch, id_scratch,
+            part_max if x_address is None else x_address,
+            K=k, K_PAD=k_pad, CAP=cap, G_PAD=g_pad, S_PAD=triton.next_power_of_2(splits), GROUP=group, CH=chunk,
+            INDIRECT=x_address is not None, num_warps=num_warps,
+        )
+        return vals, ids, lse, row_min, bad
+
+    return launch
 
 
 # --------------------------------------------------------------------------------------------------
