@@ -152,3 +152,38 @@ def test_bad_plans_are_refused(tmp_path: Path, mutate, message: str) -> None:
     mutate(plan)
     with pytest.raises(ValueError, match=message):
         check_plan(plan)
+
+
+def test_session_interrupted_escapes_an_asyncio_socket_write() -> None:
+    """The signal handler raises wherever the main thread is, e.g. inside asyncio's socket write: there any
+    exception but KeyboardInterrupt/SystemExit becomes a logged "fatal write error" (one failed request) and
+    the run goes on. SessionInterrupted must get out (a CI run once saw it swallowed there)."""
+    import asyncio
+    import socket
+
+    from ddtree.bench.session import SessionInterrupted
+
+    class InterruptedSocket:
+        """Stands in for the transport's socket: the signal 'arrives' during send."""
+
+        def __init__(self, sock: socket.socket) -> None:
+            self._sock = sock
+
+        def send(self, data: bytes) -> int:
+            raise SessionInterrupted(signal.SIGTERM)
+
+        def __getattr__(self, name: str):
+            return getattr(self._sock, name)
+
+    async def write_once() -> None:
+        left, right = socket.socketpair()
+        try:
+            transport, _ = await asyncio.get_running_loop().create_connection(asyncio.Protocol, sock=left)
+            transport._sock = InterruptedSocket(left)  # the selector transport calls self._sock.send
+            transport.write(b"x")
+            await asyncio.sleep(0)
+        finally:
+            right.close()
+
+    with pytest.raises(SessionInterrupted):
+        asyncio.run(write_once())

@@ -36,8 +36,13 @@ TERM_GRACE_S = 10.0
 SGLANG_ALGORITHMS = {"dflash": "DFLASH", "ddtree": "DDTREE"}
 
 
-class SessionInterrupted(Exception):
-    """The session received SIGTERM or SIGINT."""
+class SessionInterrupted(KeyboardInterrupt):
+    """The session received SIGTERM or SIGINT.
+
+    A KeyboardInterrupt, because the signal handler raises it wherever the main thread happens to be: asyncio
+    re-raises KeyboardInterrupt out of its transports and tasks, but turns any other exception raised inside a
+    socket write into a logged "fatal write error" and one failed request, and the run would go on.
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"received {signal.Signals(signum).name}")
