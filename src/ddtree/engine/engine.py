@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from ddtree.engine.kv import cache_keyword, keep_rows, new_cache
 from ddtree.engine.stopping import StopState, append_tokens
 from ddtree.engine.types import METHODS, STAGES, GenerationOutput, GenerationRequest
 
+TokenCallback = Callable[[list[int]], None]
 _MASK_CAPABLE_ATTENTION = ("sdpa", "eager")
 
 
@@ -112,8 +114,15 @@ class DecodingEngine:
 
     # ----------------------------------------------------------------------------------------- public
     def generate(
-        self, request: GenerationRequest, *, method: str | None = None, budget: int | None = None
+        self,
+        request: GenerationRequest,
+        *,
+        method: str | None = None,
+        budget: int | None = None,
+        on_tokens: TokenCallback | None = None,
     ) -> GenerationOutput:
+        """Decode one request. `on_tokens(new_ids)` is called after each round with the tokens it committed
+        to the output (stop rules applied), from the decoding thread: the server streams from it."""
         method = self.method if method is None else method
         budget = self.budget if budget is None else budget
         _check_method(method)
@@ -129,8 +138,8 @@ class DecodingEngine:
             generator.manual_seed(int(request.seed))
         with torch.inference_mode():
             if method == "ar":
-                return self._generate_ar(request, params, generator)
-            return self._generate_spec(request, params, generator, method, int(budget))
+                return self._generate_ar(request, params, generator, on_tokens)
+            return self._generate_spec(request, params, generator, method, int(budget), on_tokens)
 
     # ------------------------------------------------------------------------------------- internals
     def _check_request(self, request: GenerationRequest) -> None:
@@ -204,6 +213,17 @@ class DecodingEngine:
             budget=budget,
         )
 
+    @staticmethod
+    def _appender(stop_kwargs: dict[str, Any], on_tokens: TokenCallback | None) -> Callable[[StopState, list[int]], None]:
+        """append_tokens with the stop rules of this request, then the streaming callback with what was kept."""
+
+        def append(state: StopState, tokens: list[int]) -> None:
+            kept = append_tokens(state, tokens, **stop_kwargs)
+            if on_tokens is not None and kept:
+                on_tokens(state.output_ids[-kept:])
+
+        return append
+
     def _stop_kwargs(self, request: GenerationRequest) -> dict[str, Any]:
         decode = None
         if request.stop_strings:
@@ -219,15 +239,15 @@ class DecodingEngine:
             "decode": decode,
         }
 
-    def _generate_ar(self, request, params, generator) -> GenerationOutput:
+    def _generate_ar(self, request, params, generator, on_tokens) -> GenerationOutput:
         clock = _StageClock(self.device, self.profile_stages)
-        stop_kwargs = self._stop_kwargs(request)
+        append = self._appender(self._stop_kwargs(request), on_tokens)
         t0 = clock.now()
         prompt_len = len(request.input_ids)
         cache = new_cache(self.target, prompt_len + request.max_new_tokens + 1)
         _, token, _ = self._prefill(request, params, generator, cache, clock, hidden=False)
         state = StopState(output_ids=[])
-        append_tokens(state, [int(token)], **stop_kwargs)
+        append(state, [int(token)])
         t_first = clock.now()
         clock.start()
         rounds = 0
@@ -237,13 +257,13 @@ class DecodingEngine:
             token = self._pick(out.logits[:, -1], params, generator)  # [1]
             position += 1
             rounds += 1
-            append_tokens(state, [int(token)], **stop_kwargs)  # int(): the one host sync per step
+            append(state, [int(token)])  # int(): the one host sync per step
             clock.lap("verify")
         return self._finish(state, clock, t0, t_first, rounds, [0] * rounds, [0.0] * rounds, "ar", 0)
 
-    def _generate_spec(self, request, params, generator, method, budget) -> GenerationOutput:
+    def _generate_spec(self, request, params, generator, method, budget, on_tokens) -> GenerationOutput:
         clock = _StageClock(self.device, self.profile_stages)
-        stop_kwargs = self._stop_kwargs(request)
+        append = self._appender(self._stop_kwargs(request), on_tokens)
         greedy = params.temperature == 0
         depth_max = self.block_size - 1
         num_columns = (budget if method == "ddtree" else depth_max) + 1
@@ -255,7 +275,7 @@ class DecodingEngine:
         pending_pos = positions  # [1, P]
         del out
         state = StopState(output_ids=[])
-        append_tokens(state, [int(bonus)], **stop_kwargs)
+        append(state, [int(bonus)])
         t_first = clock.now()
         clock.start()
 
@@ -306,7 +326,7 @@ class DecodingEngine:
             del out, logits
             accept_lens.append(kept - 1)
             expected_dev.append(result.expected_accept_len.reshape(1))
-            append_tokens(state, emitted, **stop_kwargs)
+            append(state, emitted)
             clock.lap("commit")
 
         expected = torch.cat(expected_dev).float().tolist() if expected_dev else []
