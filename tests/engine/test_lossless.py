@@ -136,5 +136,6 @@ def test_goodness_of_fit_detects_a_wrong_law():
 def test_prefix_cells_partition_the_law(engine, prompt):
     cells = prefix_cells(engine.target, prompt, SamplingParams(temperature=0.5, top_k=8), LENGTH, 0.01)
     assert sum(cells.values()) == pytest.approx(1.0, abs=1e-9)
-    assert min(cells.values()) > -1e-9
+    # remainder cells are 1 - (sum of float32 child probabilities): rounding can leave them at -1e-8
+    assert min(cells.values()) > -1e-6
     assert any(len(k) == LENGTH and REST not in k for k in cells)
