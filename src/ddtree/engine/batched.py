@@ -1,0 +1,740 @@
+"""Batched decoding over static slot caches: `ar`, `dflash` and `ddtree` share one round, eager on the CPU
+and replayed from CUDA graphs on a GPU.
+
+Every active request owns one batch row (= cache slot; active rows are kept at 0..n-1) and the batch runs
+at the smallest bucket size >= n. One round, as named stages (keys of `ddtree.engine.types.STAGES`):
+  draft        append the pending context features (the previous round's accepted path) to the drafter
+               cache, then ONE non-causal drafter forward over [bonus, mask * D]   -> draft logits [B, D, V]
+  tree_build   `build_tree` (ddtree, padded to the budget), the argmax chain (dflash), the root (ar)
+  tree_compile tokens, positions committed + depth, cache rows committed + column, mask [B, N, S]
+  verify       ONE target forward over the N tree tokens (writes their K/V), then the walk (greedy argmax or
+               sample-and-walk with counter-based coins)
+  commit       accepted K/V rows moved to follow the committed rows, pending features for the drafter,
+               bonus / committed / counter updated, emitted tokens written to the output buffer
+`ar` is the same round with a root-only tree (N = 1) and no draft. On CUDA each stage is one CUDA graph per
+(bucket, method, budget) (the walk one per sampling variant), captured before serving; the host reads the
+emitted tokens once per round, which is the round's only synchronisation. With `profile_stages` CUDA events
+between the stage replays time them without adding any.
+
+Invariants between rounds, per active row: the target cache holds the committed tokens before the bonus in
+rows [0, committed); the drafter cache holds context K/V of positions [0, committed - pending_len), and
+`pending` holds the projected features of the last pending_len committed tokens (fed by the next draft).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ddtree.core.attention import ancestor_mask
+from ddtree.core.build import _batched_tensors
+from ddtree.core.sampling import SamplingParams, processed_weights
+from ddtree.core.types import DDTreeBuildResult, VerifyResult
+from ddtree.core.verify import _verify_greedy_unchecked, commit, edge_probs, sample_from_probs_, walk
+from ddtree.engine.chain import build_chain
+from ddtree.engine.fast_model import FusedDecoder, SlotCache, StaticDrafter, family_of, round_up
+from ddtree.engine.rng import uniforms
+from ddtree.engine.stopping import StopState, append_tokens
+from ddtree.engine.types import METHODS, STAGES, GenerationOutput, GenerationRequest
+
+log = logging.getLogger("ddtree.engine")
+
+TokenCallback = Callable[[list[int]], None]
+Variant = tuple  # ("greedy",) or ("sample", top_k bucket, uses top_p)
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """float32 on CPU (token identity with plain decoding), bfloat16 on accelerators."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """Powers of two up to max_batch, and max_batch itself."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return (*sizes, max_batch)
+
+
+@dataclass
+class _Active:
+    """Host bookkeeping of one request in the batch."""
+
+    request: GenerationRequest
+    state: StopState
+    append: Callable[[list[int]], int]
+    on_tokens: TokenCallback | None
+    t_arrival: float
+    t_first: float = 0.0
+    rounds: int = 0
+    accept_lens: list[int] = field(default_factory=list)
+    expected: list[float] = field(default_factory=list)
+    stage_times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    output: GenerationOutput | None = None
+
+
+class _Stage:
+    """One stage of a round: eager, or a CUDA graph of the same function (replay reads static buffers)."""
+
+    def __init__(self, name: str, fn: Callable[[], None]) -> None:
+        self.name, self.fn, self.graph = name, fn, None
+
+    def capture(self, device: torch.device, pool) -> None:
+        stream = torch.cuda.Stream(device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # compiles kernels, runs first-call probes (none of that may be captured)
+                self.fn()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            self.fn()
+        self.graph = graph
+        graph.replay()  # fills the static outputs, which the next stage's warm-up reads
+
+    def __call__(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.fn()
+
+
+class BatchedEngine:
+    """Decodes up to `max_batch` requests together (one method and budget per batch at a time)."""
+
+    def __init__(
+        self,
+        pair: Any,
+        *,
+        method: str = "ddtree",
+        budget: int = 64,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        max_batch: int = 8,
+        max_seq_len: int | None = None,
+        cuda_graphs: bool = True,
+        profile_stages: bool = False,
+        target: FusedDecoder | None = None,
+        drafter: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        _check_method(method)
+        _check_budget(budget)
+        self.method, self.budget = method, int(budget)
+        if target is None:
+            hf = pair.target
+            if family_of(hf.config) is None:
+                raise ValueError(f"model family {getattr(hf.config, 'model_type', '?')!r} has no fast path")
+            self.device = torch.device(device) if device is not None else next(hf.parameters()).device
+            self.dtype = _resolve_dtype(dtype, self.device)
+            hf = hf.to(device=self.device, dtype=self.dtype).eval()
+            drafter = pair.drafter
+            feature_layers = tuple(int(i) for i in drafter.config.target_layer_ids) if drafter is not None else ()
+            target = FusedDecoder.from_hf(hf, feature_layers)
+            tokenizer = getattr(pair, "tokenizer", None)
+        else:
+            self.device, self.dtype = target.device, target.dtype
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter = StaticDrafter(drafter.to(device=self.device, dtype=self.dtype).eval()) if drafter is not None else None
+        self.vocab_size = int(target.embed.shape[0])
+        self.block_size = self.drafter.block_size if self.drafter is not None else 1
+        limit = target.shape.max_position_embeddings
+        self.max_seq_len = round_up(min(max_seq_len or 4096, limit), 16)
+        self.max_context = self.max_seq_len
+        self.max_batch = int(max_batch)
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.buckets = batch_buckets(self.max_batch)
+        self.profile_stages = profile_stages
+        self.use_graphs = cuda_graphs and self.device.type == "cuda"
+
+        m, dev = self.max_batch, self.device
+        self.target_cache = target.allocate_cache(m, self.max_seq_len)
+        self.drafter_cache = (
+            self.drafter.allocate_cache(m, self.max_seq_len, dev, self.dtype) if self.drafter is not None else None
+        )
+        b = self.block_size
+        i64 = dict(dtype=torch.int64, device=dev)
+        self.committed = torch.zeros(m, **i64)
+        self.bonus = torch.zeros(m, **i64)
+        self.pending = torch.zeros((m, b, target.shape.hidden_size), dtype=self.dtype, device=dev)
+        self.pending_len = torch.zeros(m, **i64)
+        self.active_rows = torch.zeros(m, dtype=torch.bool, device=dev)
+        self.temperature = torch.zeros(m, dtype=torch.float32, device=dev)
+        self.top_k = torch.full((m,), -1, **i64)
+        self.top_p = torch.ones(m, dtype=torch.float32, device=dev)
+        self.seed = torch.zeros(m, **i64)
+        self.counter = torch.zeros(m, **i64)
+        self.out_tokens = torch.full((m, b), -1, **i64)
+        self.out_counts = torch.zeros((m, 2), **i64)  # emitted count, non-finite draft flag
+        self.out_expected = torch.zeros(m, dtype=torch.float32, device=dev)
+        pin = dev.type == "cuda"
+        self._host_tokens = torch.empty((m, b), dtype=torch.int64, pin_memory=pin)
+        self._host_counts = torch.empty((m, 2), dtype=torch.int64, pin_memory=pin)
+        self._host_expected = torch.empty(m, dtype=torch.float32, pin_memory=pin)
+        self._copied = torch.cuda.Event() if pin else None
+        self._cols = torch.arange(self.max_seq_len, device=dev)  # [S]
+
+        self._active: list[_Active] = []
+        self._group: tuple[str, int] | None = None
+        self._draft_stages: dict[int, _Stage] = {}
+        self._draft_logits: dict[int, torch.Tensor] = {}
+        self._programs: dict[tuple, dict[str, Any]] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+
+    # ------------------------------------------------------------------------------ public API
+    def warmup(self, methods: Iterable[tuple[str, int]] | None = None, *, sampled: bool = True) -> None:
+        """Capture (CUDA) or run once (CPU) every bucket's round for these (method, budget) pairs, greedy and
+        temperature-sampled, before serving: no capture happens during a request."""
+        pairs = list(methods) if methods is not None else [(self.method, self.budget)]
+        variants = [("greedy",)] + ([("sample", 0, False)] if sampled else [])
+        t0 = time.perf_counter()
+        for method, budget in pairs:
+            for bucket in self.buckets:
+                for variant in variants:
+                    self._program(bucket, method, self._effective_budget(method, budget), variant)
+        self._reset_rows(range(self.max_batch))
+        log.info("round programs ready for %s, buckets %s (%.1f s)", pairs, self.buckets, time.perf_counter() - t0)
+
+    def generate(
+        self,
+        request: GenerationRequest,
+        *,
+        method: str | None = None,
+        budget: int | None = None,
+        on_tokens: TokenCallback | None = None,
+    ) -> GenerationOutput:
+        """Decode one request on its own (a batch of one)."""
+        return self.generate_batch([request], method=method, budget=budget, on_tokens=[on_tokens])[0]
+
+    def generate_batch(
+        self,
+        requests: list[GenerationRequest],
+        *,
+        method: str | None = None,
+        budget: int | None = None,
+        on_tokens: list[TokenCallback | None] | None = None,
+    ) -> list[GenerationOutput]:
+        """Decode requests together, up to max_batch at a time; a finished request's slot is refilled at once."""
+        method = self.method if method is None else method
+        budget = self.budget if budget is None else budget
+        callbacks = on_tokens or [None] * len(requests)
+        waiting = list(zip(requests, callbacks))
+        done: dict[int, GenerationOutput] = {}
+        ids: dict[int, int] = {}
+        while waiting or self._active:
+            while waiting and self.can_admit(method, budget):
+                request, callback = waiting.pop(0)
+                entry = self.admit(request, method=method, budget=budget, on_tokens=callback)
+                ids[id(entry)] = len(ids)
+                if entry.output is not None:  # finished with its first token
+                    done[ids[id(entry)]] = entry.output
+            for entry in self.step():
+                done[ids[id(entry)]] = entry.output
+        return [done[i] for i in range(len(requests))]
+
+    # ------------------------------------------------------------------------------ batch control
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    def can_admit(self, method: str, budget: int) -> bool:
+        key = (method, self._effective_budget(method, budget))
+        return len(self._active) < self.max_batch and (self._group is None or self._group == key)
+
+    def check_request(self, request: GenerationRequest, method: str, budget: int) -> None:
+        """Raise ValueError naming the field for a request this engine cannot decode."""
+        _check_method(method)
+        _check_budget(budget)
+        if method != "ar" and self.drafter is None:
+            raise ValueError(f"method {method!r} needs a drafter; this pair has none")
+        ids = request.input_ids
+        if not isinstance(ids, (list, tuple)) or len(ids) == 0:
+            raise ValueError("input_ids must be a non-empty list of token ids")
+        if any((not isinstance(t, int)) or t < 0 or t >= self.vocab_size for t in ids):
+            raise ValueError(f"input_ids must be ints in [0, {self.vocab_size})")
+        if not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {request.max_new_tokens!r}")
+        need = len(ids) + request.max_new_tokens + self._columns(method, self._effective_budget(method, budget)) + self.block_size
+        if need > self.max_seq_len:
+            raise ValueError(
+                f"prompt ({len(ids)}) + max_new_tokens ({request.max_new_tokens}) + the round's "
+                f"{need - len(ids) - request.max_new_tokens} working rows exceed the engine's max_seq_len "
+                f"of {self.max_seq_len} tokens"
+            )
+        t = request.temperature
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if not isinstance(request.top_k, int):
+            raise ValueError(f"top_k must be an int (<= 0 disables it), got {request.top_k!r}")
+        p = request.top_p
+        if not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+        if request.stop_strings and self.tokenizer is None:
+            raise ValueError("stop_strings need a tokenizer; this pair has none")
+
+    def admit(self, request: GenerationRequest, *, method: str, budget: int,
+              on_tokens: TokenCallback | None = None) -> _Active:
+        """Prefill a request into the next free row (eager) and emit its first token."""
+        self.check_request(request, method, budget)
+        if not self.can_admit(method, budget):
+            raise RuntimeError("the batch is full or decodes another method/budget")
+        t_arrival = time.perf_counter()
+        self._group = (method, self._effective_budget(method, budget))
+        row = len(self._active)
+        entry = _Active(request=request, state=StopState(output_ids=[]),
+                        append=self._appender(request), on_tokens=on_tokens, t_arrival=t_arrival)
+        with torch.no_grad():
+            first = self._prefill(row, request, with_drafter=method != "ar")
+        entry.t_first = time.perf_counter()
+        self._active.append(entry)
+        self._emit(entry, [first])
+        if entry.state.finish_reason is not None:
+            self._finish_rows([row])
+        return entry
+
+    def step(self) -> list[_Active]:
+        """Run one round over the active rows; returns the requests that finished in it."""
+        if not self._active:
+            return []
+        method, budget = self._group  # type: ignore[misc]
+        n = len(self._active)
+        bucket = next(b for b in self.buckets if b >= n)
+        program = self._program(bucket, method, budget, self._variant())
+        with torch.no_grad():
+            times = self._run(program)
+            tokens, counts, expected = self._read_outputs(n)
+        if counts[:, 1].any():
+            self._fail_all(ValueError("draft logits contain non-finite values (nan or inf)"))
+            raise ValueError("draft logits contain non-finite values (nan or inf)")
+        finished = []
+        for row, entry in enumerate(self._active):
+            k = int(counts[row, 0])
+            entry.rounds += 1
+            entry.accept_lens.append(k - 1)
+            entry.expected.append(float(expected[row]))
+            for stage, seconds in times.items():
+                entry.stage_times[stage] += seconds
+            self._emit(entry, tokens[row, :k].tolist())
+            if entry.state.finish_reason is not None:
+                finished.append(row)
+        return self._finish_rows(finished)
+
+    def cancel_all(self, error: BaseException) -> list[_Active]:
+        """Drop every active request (after a failure); returns them."""
+        return self._fail_all(error)
+
+    # ------------------------------------------------------------------------------ host helpers
+    def _appender(self, request: GenerationRequest) -> Callable[[list[int]], int]:
+        stop_ids = frozenset(int(t) for t in request.stop_token_ids)
+        decode = None
+        if request.stop_strings:
+            tok = self.tokenizer
+
+            def decode(ids: list[int]) -> str:
+                return tok.decode(ids, skip_special_tokens=True)
+
+        def append(state: StopState, tokens: list[int]) -> int:
+            return append_tokens(state, tokens, max_new_tokens=request.max_new_tokens, stop_token_ids=stop_ids,
+                                 stop_strings=list(request.stop_strings), decode=decode)
+
+        return append
+
+    def _emit(self, entry: _Active, tokens: list[int]) -> None:
+        kept = entry.append(entry.state, tokens)
+        if entry.on_tokens is not None and kept:
+            entry.on_tokens(entry.state.output_ids[-kept:])
+
+    def _variant(self) -> Variant:
+        reqs = [e.request for e in self._active]
+        if all(r.temperature == 0 for r in reqs):
+            return ("greedy",)
+        k = max((r.top_k for r in reqs if r.temperature > 0 and 0 < r.top_k < self.vocab_size), default=0)
+        k_bucket = min(1 << (k - 1).bit_length(), self.vocab_size) if k > 0 else 0
+        return ("sample", k_bucket, any(r.temperature > 0 and r.top_p < 1.0 for r in reqs))
+
+    def _effective_budget(self, method: str, budget: int) -> int:
+        """The recorded budget: tree nodes (ddtree), drafted chain length (dflash), 0 (ar)."""
+        if method == "ddtree":
+            return int(budget)
+        return self.block_size - 1 if method == "dflash" else 0
+
+    @staticmethod
+    def _columns(method: str, budget: int) -> int:
+        return budget + 1  # root + nodes; dflash: D + 1; ar: 1
+
+    def _read_outputs(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The round's one synchronisation: emitted tokens, counts and expectations to the host."""
+        if self._copied is None:
+            return self.out_tokens[:n].clone(), self.out_counts[:n].clone(), self.out_expected[:n].clone()
+        self._host_tokens[:n].copy_(self.out_tokens[:n], non_blocking=True)
+        self._host_counts[:n].copy_(self.out_counts[:n], non_blocking=True)
+        self._host_expected[:n].copy_(self.out_expected[:n], non_blocking=True)
+        self._copied.record()
+        self._copied.synchronize()
+        return self._host_tokens[:n], self._host_counts[:n], self._host_expected[:n]
+
+    def _run(self, program: dict[str, Any]) -> dict[str, float]:
+        stages: list[_Stage] = program["stages"]
+        if not self.profile_stages:
+            for stage in stages:
+                stage()
+            return {}
+        times = dict.fromkeys(STAGES, 0.0)
+        if self.device.type == "cuda":
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(len(stages) + 1)]
+            events[0].record()
+            for stage, event in zip(stages, events[1:]):
+                stage()
+                event.record()
+            events[-1].synchronize()
+            for stage, start, end in zip(stages, events, events[1:]):
+                times[program["stage_names"][stage.name]] += start.elapsed_time(end) / 1000.0
+            return times
+        last = time.perf_counter()
+        for stage in stages:
+            stage()
+            now = time.perf_counter()
+            times[program["stage_names"][stage.name]] += now - last
+            last = now
+        return times
+
+    def _finish_rows(self, rows: list[int]) -> list[_Active]:
+        """Finalise finished requests and compact the batch (the last active row moves into a freed row)."""
+        finished = []
+        for row in sorted(rows, reverse=True):
+            entry = self._active[row]
+            entry.output = self._output(entry)
+            finished.append(entry)
+            last = len(self._active) - 1
+            if row != last:
+                self._move_row(last, row)
+                self._active[row] = self._active[last]
+            self._active.pop()
+            self._reset_rows([last])
+        if not self._active:
+            self._group = None
+        return finished
+
+    def _fail_all(self, error: BaseException) -> list[_Active]:
+        dropped, self._active = self._active, []
+        self._group = None
+        self._reset_rows(range(self.max_batch))
+        for entry in dropped:
+            entry.output = None
+        return dropped
+
+    def _output(self, entry: _Active) -> GenerationOutput:
+        method, budget = self._group  # type: ignore[misc]
+        now = time.perf_counter()
+        return GenerationOutput(
+            output_ids=entry.state.output_ids,
+            finish_reason=entry.state.finish_reason or "length",
+            rounds=entry.rounds,
+            accept_lens=entry.accept_lens if method != "ar" else [0] * entry.rounds,
+            expected_accept_lens=entry.expected if method != "ar" else [0.0] * entry.rounds,
+            stage_times=dict(entry.stage_times),
+            ttft=entry.t_first - entry.t_arrival,
+            decode_time=now - entry.t_first,
+            matched_stop=entry.state.matched_stop,
+            method=method,
+            budget=budget,
+        )
+
+    # ------------------------------------------------------------------------------ device state
+    def _state_tensors(self) -> list[torch.Tensor]:
+        """Per-row state (moved with a row); the output buffers are rewritten every round."""
+        return [self.committed, self.bonus, self.pending, self.pending_len, self.active_rows, self.temperature,
+                self.top_k, self.top_p, self.seed, self.counter]
+
+    def _move_row(self, src: int, dst: int) -> None:
+        self.target_cache.copy_slot(src, dst)
+        if self.drafter_cache is not None:
+            self.drafter_cache.copy_slot(src, dst)
+        for t in self._state_tensors():
+            t[dst] = t[src]
+
+    def _reset_rows(self, rows: Iterable[int]) -> None:
+        rows = list(rows)
+        if not rows:
+            return
+        index = torch.tensor(rows, device=self.device)
+        for t in (self.committed, self.bonus, self.pending_len, self.counter, self.seed):
+            t.index_fill_(0, index, 0)
+        self.active_rows.index_fill_(0, index, False)
+        self.temperature.index_fill_(0, index, 0.0)
+        self.top_k.index_fill_(0, index, -1)
+        self.top_p.index_fill_(0, index, 1.0)
+
+    def _prefill(self, row: int, request: GenerationRequest, *, with_drafter: bool) -> int:
+        """Target forward over the prompt into `row`'s slot, the drafter context of the prompt, the first token."""
+        dev = self.device
+        ids = torch.tensor([request.input_ids], dtype=torch.int64, device=dev)  # [1, P]
+        p = ids.shape[1]
+        positions = torch.arange(p, device=dev).unsqueeze(0)  # [1, P]
+        mask = (self._cols.view(1, 1, -1) <= positions.view(1, p, 1))  # [1, P, S] causal
+        logits, features = self.target.forward(ids, positions, positions, mask, self.target_cache, first_slot=row,
+                                               last_logits_only=True, with_features=with_drafter)
+        if with_drafter:
+            self.drafter.write_context(self.drafter.project(features), positions, self.drafter_cache, first_slot=row)
+        seed = request.seed if request.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+        seed_t = torch.tensor([seed], dtype=torch.int64, device=dev)
+        zero = torch.zeros(1, dtype=torch.int64, device=dev)
+        params = SamplingParams(temperature=float(request.temperature), top_k=int(request.top_k),
+                                top_p=float(request.top_p))
+        first = pick_tokens(logits[:, -1], params, uniforms(seed_t, zero, 1))  # [1]
+        self.committed[row] = p
+        self.bonus[row] = first[0]
+        self.pending_len[row] = 0
+        self.active_rows[row] = True
+        self.temperature[row] = float(request.temperature)
+        self.top_k[row] = int(request.top_k)
+        self.top_p[row] = float(request.top_p)
+        self.seed[row] = seed
+        self.counter[row] = 1
+        return int(first[0])
+
+    # ------------------------------------------------------------------------------ round programs
+    def _program(self, bucket: int, method: str, budget: int, variant: Variant) -> dict[str, Any]:
+        key = (bucket, method, budget)
+        program = self._programs.get(key)
+        if program is None:
+            program = self._programs[key] = self._new_program(bucket, method, budget)
+        walk_stage = program["walks"].get(variant)
+        if walk_stage is None:
+            if self.use_graphs and self._active:
+                log.warning("capturing round variant %s for %s during serving", variant, key)
+            walk_stage = program["walks"][variant] = _Stage("walk", self._walk_fn(program, variant))
+            self._capture(walk_stage)
+            if program["commit"].graph is None:
+                self._capture(program["commit"])
+        program["stages"] = [*program["head"], walk_stage, program["commit"]]
+        return program
+
+    def _capture(self, stage: _Stage) -> None:
+        """CUDA: capture the stage. Its warm-up runs execute it for real, so the rows' state is restored after
+        (the other writes land in cache rows at or beyond `committed`, which nothing reads). Eager: nothing."""
+        if not self.use_graphs:
+            return
+        saved = [t.clone() for t in self._state_tensors()]
+        with torch.no_grad():
+            stage.capture(self.device, self._pool)
+        for t, s in zip(self._state_tensors(), saved):
+            t.copy_(s)
+
+    def _new_program(self, bucket: int, method: str, budget: int) -> dict[str, Any]:
+        """Static buffers and stage functions of one (bucket, method, budget); captured stage by stage."""
+        b, dev = bucket, self.device
+        n = self._columns(method, budget)
+        depth = 0 if method == "ar" else self.block_size - 1
+        prog: dict[str, Any] = {"bucket": b, "method": method, "budget": budget, "columns": n, "depth": depth,
+                                "walks": {}, "stage_names": {"draft": "draft", "build": "tree_build",
+                                                             "compile": "tree_compile", "forward": "verify",
+                                                             "walk": "verify", "commit": "commit"}}
+        head: list[_Stage] = []
+        if method == "ar":
+            prog["tree"] = _root_tree(b, dev)
+        else:
+            head.append(self._draft_stage(b))
+
+            def build() -> None:
+                draft_logits = self._draft_logits[b]  # the draft stage's (static, under graphs) output
+                if method == "ddtree":
+                    tensors = _batched_tensors(draft_logits, budget)
+                    prog["tree"] = DDTreeBuildResult(*tensors[:5])
+                    prog["bad"] = tensors[5]
+                else:
+                    prog["tree"] = build_chain(draft_logits)
+                    prog["bad"] = ~torch.isfinite(draft_logits).all()
+
+            head.append(_Stage("build", build))
+            self._capture(head[-1])
+
+        def compile_tree() -> None:
+            tree: DDTreeBuildResult = prog["tree"]
+            committed = self.committed[:b]
+            tokens = tree.token_ids.clone()
+            tokens[:, 0] = self.bonus[:b]
+            prog["tokens"] = tokens.clamp_min_(0)  # padding columns see only themselves
+            prog["positions"] = committed.unsqueeze(1) + tree.depths  # [B, N]
+            prog["rows"] = committed.unsqueeze(1) + torch.arange(n, device=dev)  # [B, N]
+            rel = self._cols.view(1, 1, -1) - committed.view(b, 1, 1)  # [B, 1, S]
+            ancestors = ancestor_mask(tree.parents)  # [B, N, N]
+            in_tree = (rel >= 0) & (rel < n)
+            tree_part = ancestors.gather(2, rel.clamp(0, n - 1).expand(b, n, -1)) & in_tree
+            prog["mask"] = (rel < 0) | tree_part  # [B, N, S]
+
+        def forward() -> None:
+            prog["logits"], prog["features"] = self.target.forward(
+                prog["tokens"], prog["positions"], prog["rows"], prog["mask"], self.target_cache,
+                with_features=method != "ar")
+
+        head.append(_Stage("compile", compile_tree))
+        self._capture(head[-1])
+        head.append(_Stage("forward", forward))
+        self._capture(head[-1])
+        prog["head"] = head
+        # the walk (per variant) writes its result here; commit reads it
+        prog["result"] = {"accept_len": torch.zeros(b, dtype=torch.int64, device=dev),
+                          "nodes": torch.zeros((b, depth + 1), dtype=torch.int64, device=dev),
+                          "bonus": torch.zeros(b, dtype=torch.int64, device=dev),
+                          "expected": torch.zeros(b, dtype=torch.float32, device=dev)}
+        prog["commit"] = _Stage("commit", self._commit_fn(prog))
+        return prog
+
+    def _draft_stage(self, b: int) -> _Stage:
+        stage = self._draft_stages.get(b)
+        if stage is not None:
+            return stage
+        dev, block = self.device, self.block_size
+        offsets = torch.arange(block, device=dev)
+        block_ids = torch.full((b, block), self.drafter.mask_token_id, dtype=torch.int64, device=dev)
+
+        def draft() -> None:
+            committed, pending_len = self.committed[:b], self.pending_len[:b]
+            # pending row j sits at position committed - pending_len + j; rows past pending_len land at or
+            # beyond `committed`, where nothing is visible, and are overwritten by later rounds
+            ctx_positions = (committed - pending_len).unsqueeze(1) + offsets  # [B, b]
+            self.drafter.write_context(self.pending[:b], ctx_positions, self.drafter_cache)
+            visible = self._cols.unsqueeze(0) < committed.unsqueeze(1)  # [B, S]
+            block_ids[:, 0] = self.bonus[:b]
+            embeds = torch.nn.functional.embedding(block_ids, self.target.embed)
+            hidden = self.drafter.forward_block(embeds, committed.unsqueeze(1) + offsets, visible, self.drafter_cache)
+            self._draft_logits[b] = torch.nn.functional.linear(hidden[:, 1:], self.target.lm_head)  # [B, D, V]
+
+        stage = self._draft_stages[b] = _Stage("draft", draft)
+        self._capture(stage)
+        return stage
+
+    def _walk_fn(self, prog: dict[str, Any], variant: Variant) -> Callable[[], None]:
+        b, n, depth = prog["bucket"], prog["columns"], prog["depth"]
+        result = prog["result"]
+        params = None
+        if variant[0] == "sample":
+            params = self._capture_params(b, variant)
+
+        def walk_fn() -> None:
+            tree: DDTreeBuildResult = prog["tree"]
+            logits = prog["logits"]
+            if params is None:
+                res = _verify_greedy_unchecked(tree, logits, depth)
+            else:
+                res = sample_and_walk(tree, logits, params if self.use_graphs else self._live_params(b),
+                                      uniforms(self.seed[:b], self.counter[:b], n), depth)
+            result["accept_len"].copy_(res.accept_len)
+            result["nodes"].copy_(res.accepted_nodes)
+            result["bonus"].copy_(res.bonus_token)
+            result["expected"].copy_(res.expected_accept_len)
+
+        return walk_fn
+
+    def _capture_params(self, b: int, variant: Variant) -> SamplingParams:
+        """SamplingParams over the static per-row buffers whose host flags (greedy rows possible, top-k width,
+        top-p) are those of the variant: the flags pick the processing code captured into the graph."""
+        _, k_bucket, uses_top_p = variant
+        temperature, top_k, top_p = self.temperature[:b], self.top_k[:b], self.top_p[:b]
+        saved = [t.clone() for t in (temperature, top_k, top_p)]
+        temperature.fill_(1.0)
+        if b > 1:
+            temperature[0] = 0.0  # greedy rows may share the batch
+        top_k.fill_(k_bucket if k_bucket > 0 else -1)
+        top_p.fill_(0.5 if uses_top_p else 1.0)
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+        for t, s in zip((temperature, top_k, top_p), saved):
+            t.copy_(s)
+        return params
+
+    def _live_params(self, b: int) -> SamplingParams:
+        """Eager path: parameters built from the rows' current values."""
+        return SamplingParams(temperature=self.temperature[:b], top_k=self.top_k[:b], top_p=self.top_p[:b])
+
+    def _commit_fn(self, prog: dict[str, Any]) -> Callable[[], None]:
+        b, depth, method = prog["bucket"], prog["depth"], prog["method"]
+        width = depth + 1
+        result = prog["result"]
+        offsets = torch.arange(width, device=self.device)
+
+        def commit_fn() -> None:
+            tree: DDTreeBuildResult = prog["tree"]
+            committed = self.committed[:b]
+            res = VerifyResult(accept_len=result["accept_len"], accepted_nodes=result["nodes"],
+                               bonus_token=result["bonus"], expected_accept_len=result["expected"])
+            done = commit(tree, res)
+            kept = done.num_kept  # [B]
+            if method != "ar":
+                nodes = result["nodes"].clamp_min(0)  # [B, b]
+                base = committed.unsqueeze(1)
+                self.target_cache.move_rows(b, base + nodes, base + offsets)
+                feats = prog["features"]
+                picked = feats.gather(1, nodes.unsqueeze(2).expand(b, width, feats.shape[2]))  # [B, b, k*H]
+                self.pending[:b] = self.drafter.project(picked)
+                self.pending_len[:b] = kept
+                self.out_counts[:b, 1] = prog["bad"].to(torch.int64) & self.active_rows[:b].to(torch.int64)
+            else:
+                self.out_counts[:b, 1] = 0
+            committed.add_(torch.where(self.active_rows[:b], kept, torch.zeros_like(kept)))
+            self.bonus[:b] = result["bonus"]
+            self.counter[:b] += 1
+            self.out_tokens[:b, :width] = done.emitted_tokens
+            self.out_counts[:b, 0] = done.num_emitted
+            self.out_expected[:b] = result["expected"]
+
+        return commit_fn
+
+
+# ---- pure pieces (capture-safe: no host synchronisation) ------------------------------------------------
+
+def _root_tree(batch: int, device: torch.device) -> DDTreeBuildResult:
+    """The `ar` round's tree: the root alone."""
+    minus = torch.full((batch, 1), -1, dtype=torch.int64, device=device)
+    return DDTreeBuildResult(token_ids=minus, parents=minus.clone(), depths=torch.zeros_like(minus),
+                             node_logws=torch.zeros((batch, 1), device=device),
+                             num_nodes=torch.ones(batch, dtype=torch.int64, device=device))
+
+
+def sample_and_walk(tree: DDTreeBuildResult, logits: torch.Tensor, params: SamplingParams, coins: torch.Tensor,
+                    depth: int) -> VerifyResult:
+    """Lossless sample-and-walk with given coins [B, N]: one inverse-CDF draw per node from the processed
+    target distribution, then the shared walk; greedy rows (temperature 0) pick the argmax."""
+    weights, totals = processed_weights(logits, params)  # [B, N, V], [B, N, 1]
+    edge_p = edge_probs(tree, weights, totals)  # [B, N], read before the buffer is consumed
+    picks = sample_from_probs_(weights, uniforms=coins)  # [B, N]
+    return walk(tree, picks, edge_p, depth)
+
+
+def pick_tokens(logits: torch.Tensor, params: SamplingParams, coins: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] -> tokens [B]: argmax at temperature 0, else an inverse-CDF draw with coins [B, 1]."""
+    if params.all_greedy:
+        return logits.argmax(dim=-1)
+    weights, _ = processed_weights(logits, params)
+    return sample_from_probs_(weights, uniforms=coins.reshape(-1))
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return default_dtype(device)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(table)}")
+    return table[dtype]
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+
+
+def _check_budget(budget: int) -> None:
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise ValueError(f"budget must be an int >= 1, got {budget!r}")

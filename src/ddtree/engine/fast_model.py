@@ -1,0 +1,390 @@
+"""The engine's own model code: a dense decoder (Qwen3 / Qwen2 / Llama layout) and the DFlash drafter over
+static, slot-indexed KV caches, written so that one decoding round can be replayed from CUDA graphs.
+
+Why not the Hugging Face modules: their caches grow by concatenation, write one position range shared by
+the batch and take a 4D mask per call, and their forward launches separate q/k/v and gate/up projections.
+Here every request owns a cache slot of a fixed capacity, each token writes the cache row given in `rows`
+(so tree nodes of different requests land at different offsets), attention reads the whole slot under a
+boolean visibility mask, and q/k/v and gate/up are one matmul each. Shapes never depend on data, so the
+same code runs eagerly on the CPU and under CUDA-graph capture on a GPU.
+
+Shape letters: B batch rows (the first B cache slots), T tokens per row, S cache capacity (rows per slot),
+L layers, H hidden size, h / h_kv query / key-value heads, d head dim, g = h / h_kv, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_FAMILIES = ("qwen3", "qwen2", "llama")
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """Architecture of a dense decoder (what the weights and the caches are sized by)."""
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    qk_norm: bool  # Qwen3: RMSNorm on every q / k head before RoPE
+    qkv_bias: bool  # Qwen2: biases on q, k, v
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+
+    @property
+    def groups(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def family_of(config) -> str | None:
+    """The supported family of a transformers config, or None (then the engine uses the Hugging Face path)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    family = getattr(text, "model_type", None)
+    if family not in SUPPORTED_FAMILIES:
+        return None
+    rope = getattr(text, "rope_scaling", None) or {}
+    params = getattr(text, "rope_parameters", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type")) or params.get("rope_type", "default")
+    if rope_type not in (None, "default"):
+        return None  # scaled RoPE variants are not implemented here
+    if getattr(text, "use_sliding_window", False) and getattr(text, "sliding_window", None):
+        return None
+    return family
+
+
+def shape_of(config) -> DecoderShape:
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = int(text.num_attention_heads)
+    theta = getattr(text, "rope_theta", None)
+    if theta is None:
+        theta = (getattr(text, "rope_parameters", None) or {}).get("rope_theta", 10_000.0)
+    return DecoderShape(
+        num_layers=int(text.num_hidden_layers),
+        hidden_size=int(text.hidden_size),
+        intermediate_size=int(text.intermediate_size),
+        num_heads=heads,
+        num_kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(text, "head_dim", None) or text.hidden_size // heads),
+        vocab_size=int(text.vocab_size),
+        qk_norm=text.model_type == "qwen3",
+        qkv_bias=bool(getattr(text, "attention_bias", False)) or text.model_type == "qwen2",
+        rms_norm_eps=float(text.rms_norm_eps),
+        rope_theta=float(theta),
+        max_position_embeddings=int(text.max_position_embeddings),
+    )
+
+
+# ---- shared pieces -----------------------------------------------------------------------------------
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3/Llama RMSNorm: normalise in fp32, cast back, then scale (same rounding as the HF modules)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, T] -> cos, sin [B, T, 1, d] (halves layout, computed in fp32 like HF)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float().unsqueeze(-1) * inv_freq  # [B, T, d/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [B, T, d]
+    return emb.cos().to(dtype).unsqueeze(2), emb.sin().to(dtype).unsqueeze(2)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, heads, d] rotated by cos/sin [B, T, 1, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention without repeating K/V.
+
+    q [B, T, h, d]; keys / values [B, h_kv, S, d] (a cache slot range, read in place); mask [B, T, S] bool
+    (True = visible). The g query heads of one K/V head are stacked along the query axis, so one SDPA call
+    with h_kv heads and g*T queries computes every head. Returns [B, T, h * d].
+    """
+    b, t, h, d = q.shape
+    kv = keys.shape[1]
+    g = h // kv
+    qg = q.view(b, t, kv, g, d).permute(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)  # [B, h_kv, g*T, d]
+    mask_g = mask.unsqueeze(1).expand(b, g, t, mask.shape[-1]).reshape(b, 1, g * t, mask.shape[-1])
+    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask_g)  # [B, h_kv, g*T, d]
+    return out.view(b, kv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)
+
+
+def write_rows(cache: torch.Tensor, rows: torch.Tensor, new: torch.Tensor) -> None:
+    """cache [B, h_kv, S, d]: row rows[b, t] of slot b <- new [B, T, h_kv, d] (in place, any rows)."""
+    b, t, kv, d = new.shape
+    index = rows.view(b, 1, t, 1).expand(b, kv, t, d)
+    cache.scatter_(2, index, new.transpose(1, 2))
+
+
+@dataclass
+class SlotCache:
+    """K and V of every layer for every slot: [L, slots, h_kv, S, d] each, allocated once."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @classmethod
+    def allocate(cls, layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int,
+                 device: torch.device, dtype: torch.dtype) -> "SlotCache":
+        shape = (layers, slots, kv_heads, capacity, head_dim)
+        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+
+    @property
+    def capacity(self) -> int:
+        return int(self.keys.shape[3])
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        """Move one request's cache to another slot (batch compaction when a request leaves)."""
+        self.keys[:, dst].copy_(self.keys[:, src])
+        self.values[:, dst].copy_(self.values[:, src])
+
+    def move_rows(self, batch: int, src_rows: torch.Tensor, dst_rows: torch.Tensor) -> None:
+        """Within each of the first `batch` slots, rows dst_rows[b, j] <- rows src_rows[b, j] ([B, J] int64).
+
+        The source rows are gathered before anything is written, so overlapping ranges are safe."""
+        layers, _, kv, _, d = self.keys.shape
+        j = src_rows.shape[1]
+        src = src_rows.view(1, batch, 1, j, 1).expand(layers, batch, kv, j, d)
+        dst = dst_rows.view(1, batch, 1, j, 1).expand(layers, batch, kv, j, d)
+        for cache in (self.keys, self.values):
+            view = cache[:, :batch]
+            view.scatter_(3, dst, view.gather(3, src))
+
+
+# ---- target ------------------------------------------------------------------------------------------
+
+class FusedDecoder:
+    """A dense decoder with fused q/k/v and gate/up weights, reading and writing a `SlotCache`.
+
+    `from_hf` shares memory with the Hugging Face model it came from: each HF projection weight becomes a
+    view of the fused tensor, so no second copy of the weights exists.
+    """
+
+    def __init__(self, shape: DecoderShape, layers: list[dict[str, torch.Tensor]], embed: torch.Tensor,
+                 final_norm: torch.Tensor, lm_head: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> None:
+        self.shape = shape
+        self.layers = layers
+        self.embed = embed  # [V, H]
+        self.final_norm = final_norm  # [H]
+        self.lm_head = lm_head  # [V, H]
+        self.feature_layers = tuple(feature_layers)  # target layer ids whose outputs feed the drafter
+        self.device = embed.device
+        self.dtype = embed.dtype
+
+    # construction -------------------------------------------------------------------------------------
+    @classmethod
+    @torch.no_grad()
+    def from_hf(cls, model: torch.nn.Module, feature_layers: tuple[int, ...] = ()) -> "FusedDecoder":
+        shape = shape_of(model.config)
+        base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        layers = []
+        for layer in base.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = _fuse_into_views([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+            entry = {
+                "qkv": qkv,
+                "o": attn.o_proj.weight,
+                "gate_up": _fuse_into_views([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                "down": mlp.down_proj.weight,
+                "ln1": layer.input_layernorm.weight,
+                "ln2": layer.post_attention_layernorm.weight,
+            }
+            if shape.qkv_bias:
+                entry["qkv_bias"] = _fuse_into_views([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+            if shape.qk_norm:
+                entry["q_norm"], entry["k_norm"] = attn.q_norm.weight, attn.k_norm.weight
+            layers.append(entry)
+        return cls(shape, layers, model.get_input_embeddings().weight, base.norm.weight,
+                   model.get_output_embeddings().weight, feature_layers)
+
+    @classmethod
+    @torch.no_grad()
+    def random(cls, shape: DecoderShape, device: torch.device, dtype: torch.dtype, *,
+               feature_layers: tuple[int, ...] = (), seed: int = 0) -> "FusedDecoder":
+        """Random weights of an architecture's shape (cost measurements; nothing to download)."""
+        gen = torch.Generator(device=device).manual_seed(seed)
+        hd, kv, h = shape.head_dim, shape.num_kv_heads, shape.num_heads
+
+        def w(*size: int) -> torch.Tensor:
+            return (torch.randn(size, generator=gen, device=device, dtype=torch.float32) * 0.02).to(dtype)
+
+        ones = torch.ones(shape.hidden_size, device=device, dtype=dtype)
+        layers = []
+        for _ in range(shape.num_layers):
+            entry = {"qkv": w((h + 2 * kv) * hd, shape.hidden_size), "o": w(shape.hidden_size, h * hd),
+                     "gate_up": w(2 * shape.intermediate_size, shape.hidden_size),
+                     "down": w(shape.hidden_size, shape.intermediate_size), "ln1": ones, "ln2": ones}
+            if shape.qkv_bias:
+                entry["qkv_bias"] = torch.zeros((h + 2 * kv) * hd, device=device, dtype=dtype)
+            if shape.qk_norm:
+                entry["q_norm"] = entry["k_norm"] = torch.ones(hd, device=device, dtype=dtype)
+            layers.append(entry)
+        embed = w(shape.vocab_size, shape.hidden_size)
+        return cls(shape, layers, embed, ones, embed, feature_layers)
+
+    def allocate_cache(self, slots: int, capacity: int) -> SlotCache:
+        s = self.shape
+        return SlotCache.allocate(s.num_layers, slots, s.num_kv_heads, capacity, s.head_dim, self.device, self.dtype)
+
+    # forward ------------------------------------------------------------------------------------------
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, T] int64
+        positions: torch.Tensor,  # [B, T] int64, RoPE positions
+        rows: torch.Tensor,  # [B, T] int64, cache row each token's K/V is written to
+        mask: torch.Tensor,  # [B, T, S] bool, cache rows each token sees (its own row included)
+        cache: SlotCache,
+        *,
+        first_slot: int = 0,
+        last_logits_only: bool = False,
+        with_features: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [B, T, V] (or [B, 1, V] for the last token) and drafter features [B, T, k*H] (or None)."""
+        s = self.shape
+        b, t = tokens.shape
+        h, kv, hd = s.num_heads, s.num_kv_heads, s.head_dim
+        x = F.embedding(tokens, self.embed)  # [B, T, H]
+        cos, sin = rope_tables(positions, hd, s.rope_theta, x.dtype)
+        slots = slice(first_slot, first_slot + b)
+        features: dict[int, torch.Tensor] = {}
+        for i, w in enumerate(self.layers):
+            y = rms_norm(x, w["ln1"], s.rms_norm_eps)
+            qkv = F.linear(y, w["qkv"], w.get("qkv_bias"))  # [B, T, (h + 2 h_kv) d]
+            q, k, v = qkv.split((h * hd, kv * hd, kv * hd), dim=-1)
+            q, k, v = q.view(b, t, h, hd), k.view(b, t, kv, hd), v.view(b, t, kv, hd)
+            if s.qk_norm:
+                q, k = rms_norm(q, w["q_norm"], s.rms_norm_eps), rms_norm(k, w["k_norm"], s.rms_norm_eps)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            keys, values = cache.keys[i, slots], cache.values[i, slots]  # [B, h_kv, S, d] views
+            write_rows(keys, rows, k)
+            write_rows(values, rows, v)
+            x = x + F.linear(grouped_attention(q, keys, values, mask), w["o"])
+            y = rms_norm(x, w["ln2"], s.rms_norm_eps)
+            gate, up = F.linear(y, w["gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w["down"])
+            if with_features and i in self.feature_layers:
+                features[i] = x
+        normed = rms_norm(x, self.final_norm, s.rms_norm_eps)
+        logits = F.linear(normed[:, -1:] if last_logits_only else normed, self.lm_head)
+        if not with_features:
+            return logits, None
+        # Like Hugging Face's hidden_states tuple, the last layer's entry is the final-normed output.
+        last = s.num_layers - 1
+        return logits, torch.cat([normed if l == last else features[l] for l in self.feature_layers], dim=-1)
+
+
+def _fuse_into_views(weights: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate weights along dim 0 and re-point each parameter at its slice of the result."""
+    fused = torch.cat([w.detach() for w in weights], dim=0)
+    start = 0
+    for w in weights:
+        n = w.shape[0]
+        w.data = fused[start : start + n]
+        start += n
+    return fused
+
+
+# ---- drafter -----------------------------------------------------------------------------------------
+
+class StaticDrafter:
+    """The DFlash drafter (`ddtree.models.drafter.DFlashDrafter`, weights shared) over a `SlotCache` whose
+    rows [0, S) hold context K/V at their positions and rows [S, S + b) hold the current block's K/V."""
+
+    def __init__(self, drafter: torch.nn.Module) -> None:
+        self.module = drafter
+        cfg = drafter.config
+        self.block_size = int(cfg.block_size)
+        self.mask_token_id = int(cfg.mask_token_id)
+        self.head_dim = int(cfg.head_dim)
+        self.theta = float(cfg.rope_theta)
+        self.num_kv_heads = int(cfg.num_key_value_heads)
+        self.num_heads = int(cfg.num_attention_heads)
+
+    def allocate_cache(self, slots: int, capacity: int, device: torch.device, dtype: torch.dtype) -> SlotCache:
+        """Context capacity S plus the block's b rows at the end."""
+        return SlotCache.allocate(len(self.module.layers), slots, self.num_kv_heads, capacity + self.block_size,
+                                  self.head_dim, device, dtype)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features [B, T, k*H] -> context features [B, T, H] (fc + hidden_norm)."""
+        m = self.module
+        return m.hidden_norm(m.fc(features.to(m.fc.weight.dtype)))
+
+    def _kv(self, attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        k = attn.k_norm(attn.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim))
+        v = attn.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        return apply_rope(k, cos, sin), v  # [B, T, h_kv, d]
+
+    def write_context(self, context: torch.Tensor, positions: torch.Tensor, cache: SlotCache, *,
+                      first_slot: int = 0) -> None:
+        """Context features [B, T, H] at positions [B, T] (also their cache rows) -> every layer's K/V."""
+        cos, sin = rope_tables(positions, self.head_dim, self.theta, context.dtype)
+        slots = slice(first_slot, first_slot + context.shape[0])
+        for i, layer in enumerate(self.module.layers):
+            k, v = self._kv(layer.self_attn, context, cos, sin)
+            write_rows(cache.keys[i, slots], positions, k)
+            write_rows(cache.values[i, slots], positions, v)
+
+    def forward_block(self, block_embeds: torch.Tensor, block_positions: torch.Tensor, visible: torch.Tensor,
+                      cache: SlotCache) -> torch.Tensor:
+        """One non-causal forward of the block over the cached context of the first B slots.
+
+        block_embeds [B, b, H]; block_positions [B, b]; visible [B, S] bool (context rows the block sees).
+        Returns final-normed hidden states [B, b, H]."""
+        m = self.module
+        b, length, _ = block_embeds.shape
+        capacity = cache.capacity - self.block_size
+        x = block_embeds.to(m.fc.weight.dtype)
+        cos, sin = rope_tables(block_positions, self.head_dim, self.theta, x.dtype)
+        block_rows = (torch.arange(length, device=x.device) + capacity).expand(b, length)  # [B, b]
+        own = torch.ones((b, length), dtype=torch.bool, device=x.device)
+        mask = torch.cat([visible, own], dim=1).unsqueeze(1).expand(b, length, capacity + length)  # [B, b, S + b]
+        for i, layer in enumerate(m.layers):
+            attn = layer.self_attn
+            y = layer.input_layernorm(x)
+            q = attn.q_norm(attn.q_proj(y).view(b, length, self.num_heads, self.head_dim))
+            q = apply_rope(q, cos, sin)
+            k, v = self._kv(attn, y, cos, sin)
+            keys, values = cache.keys[i, :b], cache.values[i, :b]
+            write_rows(keys, block_rows, k)
+            write_rows(values, block_rows, v)
+            x = x + attn.o_proj(grouped_attention(q, keys, values, mask))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return m.norm(x)
+
+
+def random_drafter_for(shape: DecoderShape, *, layers: int, block_size: int, target_layer_ids: list[int],
+                       mask_token_id: int, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    """A random-weight DFlash drafter matching a target shape (cost measurements)."""
+    from ddtree.models.drafter import DFlashConfig, DFlashDrafter
+
+    torch.manual_seed(seed)
+    cfg = DFlashConfig(
+        hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size, num_hidden_layers=layers,
+        num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+        vocab_size=shape.vocab_size, block_size=block_size, mask_token_id=mask_token_id,
+        target_layer_ids=target_layer_ids, rms_norm_eps=shape.rms_norm_eps, rope_theta=shape.rope_theta,
+        max_position_embeddings=shape.max_position_embeddings, num_target_layers=shape.num_layers,
+    )
+    with torch.device(device):
+        drafter = DFlashDrafter(cfg)
+    return drafter.to(dtype=dtype).eval()
+
+
+def round_up(value: int, multiple: int) -> int:
+    return int(math.ceil(value / multiple) * multiple)
