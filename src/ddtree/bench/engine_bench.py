@@ -22,7 +22,7 @@ from ddtree.engine.types import STAGES, GenerationOutput, GenerationRequest
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="pair directory (target/ + drafter/)")
+    parser.add_argument("--model", default=None, help="pair directory (target/ + drafter/); or --random-weights")
     parser.add_argument("--prompts", default=None, help="JSON lines with a 'text' field (default PAIR/prompts/heldout.jsonl)")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--json-out", default=None, help="write the summary rows and per-request records here")
+    parser.add_argument("--max-batch", type=int, default=1, help="engine batch capacity (this benchmark decodes one "
+                        "request at a time; the server's concurrency sweep measures batching)")
+    from ddtree.bench.cost_model import add_arguments as add_cost_model_arguments
+
+    add_cost_model_arguments(parser)
 
 
 def parse_list(text: str, kind: type, name: str) -> list[Any]:
@@ -140,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from ddtree.engine.engine import DecodingEngine, _parse_dtype, default_dtype
+    from ddtree.engine.batched import _resolve_dtype, default_dtype, make_engine
     from ddtree.models.pair import load_pair
 
     budgets = parse_list(args.budgets, int, "--budgets")
@@ -151,13 +156,22 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"ddtree bench engine: unknown --methods {unknown}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.random_weights:
+        from ddtree.bench.cost_model import run_cost_model
+
+        return run_cost_model(args, methods, budgets)
+    if not args.model:
+        raise SystemExit("ddtree bench engine: give --model PAIR_DIR or --random-weights SHAPE")
     device = torch.device(_resolve_device(args.device))
-    dtype = default_dtype(device) if args.dtype == "auto" else _parse_dtype(args.dtype)
+    dtype = default_dtype(device) if args.dtype == "auto" else _resolve_dtype(args.dtype, device)
     prompts_path = Path(args.prompts) if args.prompts else Path(args.model) / "prompts" / "heldout.jsonl"
     prompts = load_prompts(prompts_path, args.num_prompts)
 
     pair = load_pair(args.model, device=device, dtype=dtype)
-    engine = DecodingEngine(pair, method="ddtree", budget=budgets[0], device=device, dtype=dtype)
+    engine = make_engine(pair, method="ddtree", budget=budgets[0], device=device, dtype=dtype,
+                         max_batch=args.max_batch, max_seq_len=args.max_prompt_tokens + args.max_new_tokens + max(budgets) + 40)
+    if hasattr(engine, "warmup"):
+        engine.warmup([(m, b or budgets[0]) for m, b in configurations(methods, budgets)])
     room = engine.max_context - args.max_new_tokens
     keep = max(1, min(args.max_prompt_tokens, room))
     token_ids = [pair.tokenizer.encode(p["text"])[-keep:] for p in prompts]

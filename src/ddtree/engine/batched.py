@@ -191,17 +191,19 @@ class BatchedEngine:
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
     # ------------------------------------------------------------------------------ public API
-    def warmup(self, methods: Iterable[tuple[str, int]] | None = None, *, sampled: bool = True) -> None:
-        """Capture (CUDA) or run once (CPU) every bucket's round for these (method, budget) pairs, greedy and
-        temperature-sampled, before serving: no capture happens during a request."""
+    def warmup(self, methods: Iterable[tuple[str, int]] | None = None, *, buckets: Iterable[int] | None = None,
+               sampled: bool = True) -> None:
+        """Build (and on CUDA capture) the round programs of these (method, budget) pairs for every bucket,
+        greedy and temperature-sampled, before serving, so that no capture happens during a request."""
         pairs = list(methods) if methods is not None else [(self.method, self.budget)]
         variants = [("greedy",)] + ([("sample", 0, False)] if sampled else [])
         t0 = time.perf_counter()
         for method, budget in pairs:
-            for bucket in self.buckets:
+            for bucket in (buckets or self.buckets):
                 for variant in variants:
-                    self._program(bucket, method, self._effective_budget(method, budget), variant)
-        self._reset_rows(range(self.max_batch))
+                    with torch.no_grad():
+                        self._program(bucket, method, self._effective_budget(method, budget), variant)
+        self._reset_rows(range(len(self._active), self.max_batch))
         log.info("round programs ready for %s, buckets %s (%.1f s)", pairs, self.buckets, time.perf_counter() - t0)
 
     def generate(
@@ -668,7 +670,7 @@ class BatchedEngine:
             res = VerifyResult(accept_len=result["accept_len"], accepted_nodes=result["nodes"],
                                bonus_token=result["bonus"], expected_accept_len=result["expected"])
             done = commit(tree, res)
-            kept = done.num_kept  # [B]
+            kept = torch.where(self.active_rows[:b], done.num_kept, torch.zeros_like(done.num_kept))  # [B], 0 on padding
             if method != "ar":
                 nodes = result["nodes"].clamp_min(0)  # [B, b]
                 base = committed.unsqueeze(1)
@@ -680,7 +682,7 @@ class BatchedEngine:
                 self.out_counts[:b, 1] = prog["bad"].to(torch.int64) & self.active_rows[:b].to(torch.int64)
             else:
                 self.out_counts[:b, 1] = 0
-            committed.add_(torch.where(self.active_rows[:b], kept, torch.zeros_like(kept)))
+            committed.add_(kept)
             self.bonus[:b] = result["bonus"]
             self.counter[:b] += 1
             self.out_tokens[:b, :width] = done.emitted_tokens
@@ -738,3 +740,17 @@ def _check_method(method: str) -> None:
 def _check_budget(budget: int) -> None:
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
         raise ValueError(f"budget must be an int >= 1, got {budget!r}")
+
+
+def make_engine(pair: Any, *, method: str = "ddtree", budget: int = 64, device: str | torch.device | None = None,
+                dtype: str | torch.dtype | None = None, max_batch: int = 8, max_seq_len: int | None = None,
+                cuda_graphs: bool = True, profile_stages: bool = False):
+    """The batched engine for the families of `fast_model` (Qwen3, Qwen2, Llama layouts); the Hugging Face
+    engine (one request at a time, eager) for every other family. Chosen once, here."""
+    if family_of(pair.target.config) is not None:
+        return BatchedEngine(pair, method=method, budget=budget, device=device, dtype=dtype, max_batch=max_batch,
+                             max_seq_len=max_seq_len, cuda_graphs=cuda_graphs, profile_stages=profile_stages)
+    from ddtree.engine.engine import DecodingEngine
+
+    log.info("model family %r: Hugging Face engine (batch 1, eager)", getattr(pair.target.config, "model_type", "?"))
+    return DecodingEngine(pair, method=method, budget=budget, device=device, dtype=dtype, profile_stages=profile_stages)

@@ -1,0 +1,129 @@
+"""BatchedEngine: identical to the Hugging Face engine at T = 0 (float32), batched == alone, requests joining
+mid-batch, seeded sampling independent of the batch, the counter-based coins, graph replay == eager (CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree.engine import GenerationRequest
+from ddtree.engine.batched import BatchedEngine, batch_buckets
+from ddtree.engine.engine import DecodingEngine
+from ddtree.engine.rng import mix32, uniforms
+from ddtree.models.pair import load_pair
+
+CONFIGS = [("ar", 1), ("dflash", 1), ("ddtree", 16), ("ddtree", 5)]
+TEXTS = ["def main(", "import os\nclass Foo:\n    def", "for i in range(", "x = [1, 2", "return self."]
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair):
+    return load_pair(tiny_pair)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_pair):
+    return BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=16, max_batch=4)
+
+
+@pytest.fixture(scope="module")
+def prompts(pair):
+    return [pair.tokenizer.encode(t) for t in TEXTS]
+
+
+def _requests(prompts, **kw):
+    lengths = [24, 40, 9, 33, 17]  # mixed stop points
+    return [GenerationRequest(input_ids=p, max_new_tokens=kw.pop("n", None) or n, **kw) for p, n in zip(prompts, lengths)]
+
+
+@pytest.mark.parametrize("method,budget", CONFIGS)
+def test_greedy_equals_the_hugging_face_engine(pair, engine, prompts, method, budget):
+    reference = DecodingEngine(pair, method="ddtree", budget=16)
+    for request in _requests(prompts):
+        want = reference.generate(request, method=method, budget=budget)
+        got = engine.generate(request, method=method, budget=budget)
+        assert got.output_ids == want.output_ids
+        assert got.accept_lens == want.accept_lens
+        assert got.finish_reason == want.finish_reason
+
+
+@pytest.mark.parametrize("method,budget", CONFIGS)
+def test_batched_equals_alone_with_joins_and_leaves(engine, prompts, method, budget):
+    requests = _requests(prompts)  # 5 requests through 4 slots: the fifth joins when the first leaves
+    together = engine.generate_batch(requests, method=method, budget=budget)
+    alone = [engine.generate(r, method=method, budget=budget) for r in requests]
+    for t, a in zip(together, alone):
+        assert t.output_ids == a.output_ids
+        assert t.accept_lens == a.accept_lens
+    assert engine.num_active == 0
+
+
+def test_stop_tokens_and_first_token_finish(engine, prompts):
+    first = engine.generate(GenerationRequest(input_ids=prompts[0], max_new_tokens=8))
+    stop = first.output_ids[3]
+    out = engine.generate(GenerationRequest(input_ids=prompts[0], max_new_tokens=8, stop_token_ids=[stop]))
+    assert out.output_ids == first.output_ids[: first.output_ids.index(stop)]
+    assert out.finish_reason == "stop" and out.matched_stop == stop
+    one = engine.generate_batch([GenerationRequest(input_ids=p, max_new_tokens=1) for p in prompts[:3]])
+    assert [len(o.output_ids) for o in one] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.8}, {"temperature": 1.0, "top_k": 5, "top_p": 0.9}])
+def test_seeded_sampling_is_independent_of_the_batch(engine, prompts, sampling):
+    requests = [GenerationRequest(input_ids=p, max_new_tokens=20, seed=7 + i, **sampling)
+                for i, p in enumerate(prompts)]
+    together = engine.generate_batch(requests, method="ddtree", budget=16)
+    alone = [engine.generate(r, method="ddtree", budget=16) for r in requests]
+    assert [t.output_ids for t in together] == [a.output_ids for a in alone]
+    mixed = engine.generate_batch([requests[0], GenerationRequest(input_ids=prompts[1], max_new_tokens=20)])
+    assert mixed[0].output_ids == alone[0].output_ids  # a greedy neighbour changes nothing either
+
+
+def test_requests_beyond_the_capacity_name_the_limit(engine, prompts):
+    with pytest.raises(ValueError, match="max_seq_len"):
+        engine.generate(GenerationRequest(input_ids=prompts[0], max_new_tokens=engine.max_seq_len))
+    with pytest.raises(ValueError, match="budget"):
+        engine.generate(GenerationRequest(input_ids=prompts[0]), budget=0)
+    assert engine.num_active == 0
+
+
+def test_buckets():
+    assert batch_buckets(1) == (1,)
+    assert batch_buckets(6) == (1, 2, 4, 6)
+    assert batch_buckets(8) == (1, 2, 4, 8)
+
+
+def test_coins_match_an_integer_reference_and_look_uniform():
+    def mix_ref(x: int) -> int:
+        x &= 0xFFFFFFFF
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    values = torch.tensor([0, 1, 2**31, 2**32 - 1, 123456789], dtype=torch.int64)
+    assert mix32(values).tolist() == [mix_ref(v) for v in values.tolist()]
+    seeds = torch.arange(64, dtype=torch.int64) * 7919 - 100
+    coins = uniforms(seeds, torch.full((64,), 3, dtype=torch.int64), 512)  # [64, 512]
+    assert torch.equal(coins, uniforms(seeds, torch.full((64,), 3, dtype=torch.int64), 512))
+    assert not torch.equal(coins, uniforms(seeds, torch.full((64,), 4, dtype=torch.int64), 512))
+    assert float(coins.min()) >= 0.0 and float(coins.max()) < 1.0
+    # chi-square over 16 equal bins, 32768 coins: the 0.1% critical value of chi2(15) is 37.7
+    counts = torch.bincount((coins.flatten() * 16).long(), minlength=16).double()
+    chi2 = float(((counts - counts.mean()) ** 2 / counts.mean()).sum())
+    assert chi2 < 37.7
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("method,budget", CONFIGS)
+def test_cuda_graph_rounds_equal_eager_rounds(tiny_pair, prompts, method, budget):
+    graphed = BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, device="cuda", dtype=torch.float32)
+    eager = BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, device="cuda", dtype=torch.float32,
+                          cuda_graphs=False)
+    graphed.warmup([(method, budget)])
+    for sampling in ({}, {"temperature": 0.9, "seed": 3}):
+        requests = _requests(prompts, **sampling)
+        a = graphed.generate_batch(requests, method=method, budget=budget)
+        b = eager.generate_batch(requests, method=method, budget=budget)
+        assert [x.output_ids for x in a] == [x.output_ids for x in b]
