@@ -107,19 +107,27 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def attention_bias(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """mask [B, T, S] bool (True = visible) -> additive bias [B, 1, g*T, S] for `grouped_attention`, built once
+    per forward (not per layer): 0 where visible, -inf elsewhere (every row sees at least itself)."""
+    b, t, s = mask.shape
+    bias = torch.zeros((b, 1, groups, t, s), dtype=dtype, device=mask.device)
+    bias.masked_fill_(~mask.view(b, 1, 1, t, s), float("-inf"))
+    return bias.view(b, 1, groups * t, s)
+
+
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Grouped-query attention without repeating K/V.
 
-    q [B, T, h, d]; keys / values [B, h_kv, S, d] (a cache slot range, read in place); mask [B, T, S] bool
-    (True = visible). The g query heads of one K/V head are stacked along the query axis, so one SDPA call
+    q [B, T, h, d]; keys / values [B, h_kv, S, d] (a cache slot range, read in place); bias [B, 1, g*T, S]
+    (`attention_bias`). The g query heads of one K/V head are stacked along the query axis, so one SDPA call
     with h_kv heads and g*T queries computes every head. Returns [B, T, h * d].
     """
     b, t, h, d = q.shape
     kv = keys.shape[1]
     g = h // kv
     qg = q.view(b, t, kv, g, d).permute(0, 2, 3, 1, 4).reshape(b, kv, g * t, d)  # [B, h_kv, g*T, d]
-    mask_g = mask.unsqueeze(1).expand(b, g, t, mask.shape[-1]).reshape(b, 1, g * t, mask.shape[-1])
-    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask_g)  # [B, h_kv, g*T, d]
+    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=bias)  # [B, h_kv, g*T, d]
     return out.view(b, kv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)
 
 
@@ -128,6 +136,49 @@ def write_rows(cache: torch.Tensor, rows: torch.Tensor, new: torch.Tensor) -> No
     b, t, kv, d = new.shape
     index = rows.view(b, 1, t, 1).expand(b, kv, t, d)
     cache.scatter_(2, index, new.transpose(1, 2))
+
+
+def _add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add, then RMSNorm of the sum: (x + delta, norm(x + delta))."""
+    y = x + delta
+    return y, rms_norm(y, weight, eps)
+
+
+def _norm_rope(x: torch.Tensor, weight: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per-head RMSNorm (Qwen3's q/k norm; none when weight is None), then RoPE: x [B, T, heads, d]."""
+    if weight is not None:
+        x = rms_norm(x, weight, eps)
+    return apply_rope(x, cos, sin)
+
+
+def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class Pointwise:
+    """The elementwise pieces between the matmuls. On CUDA each is one torch.compile'd function (dynamic
+    shapes: one compile serves every batch bucket and tree width), which fuses its handful of launches into
+    one or two kernels; under CUDA-graph replay the launch count is what separates a forward from its
+    weight-streaming floor. Eager elsewhere (the same functions)."""
+
+    norm: object
+    add_norm: object
+    norm_rope: object
+    silu_mul: object
+
+    @classmethod
+    def for_device(cls, device: torch.device, compiled: bool | None = None) -> "Pointwise":
+        if compiled is None:
+            compiled = device.type == "cuda"
+        fns = (rms_norm, _add_norm, _norm_rope, _silu_mul)
+        if compiled:
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            fns = tuple(torch.compile(fn, dynamic=True) for fn in fns)
+        return cls(*fns)
 
 
 @dataclass
@@ -184,6 +235,7 @@ class FusedDecoder:
         self.feature_layers = tuple(feature_layers)  # target layer ids whose outputs feed the drafter
         self.device = embed.device
         self.dtype = embed.dtype
+        self.ops = Pointwise.for_device(self.device)
 
     # construction -------------------------------------------------------------------------------------
     @classmethod
@@ -254,31 +306,30 @@ class FusedDecoder:
         with_features: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [B, T, V] (or [B, 1, V] for the last token) and drafter features [B, T, k*H] (or None)."""
-        s = self.shape
+        s, ops = self.shape, self.ops
         b, t = tokens.shape
         h, kv, hd = s.num_heads, s.num_kv_heads, s.head_dim
         x = F.embedding(tokens, self.embed)  # [B, T, H]
         cos, sin = rope_tables(positions, hd, s.rope_theta, x.dtype)
+        bias = attention_bias(mask, s.groups, x.dtype)
         slots = slice(first_slot, first_slot + b)
         features: dict[int, torch.Tensor] = {}
+        y = ops.norm(x, self.layers[0]["ln1"], s.rms_norm_eps)
         for i, w in enumerate(self.layers):
-            y = rms_norm(x, w["ln1"], s.rms_norm_eps)
             qkv = F.linear(y, w["qkv"], w.get("qkv_bias"))  # [B, T, (h + 2 h_kv) d]
             q, k, v = qkv.split((h * hd, kv * hd, kv * hd), dim=-1)
-            q, k, v = q.view(b, t, h, hd), k.view(b, t, kv, hd), v.view(b, t, kv, hd)
-            if s.qk_norm:
-                q, k = rms_norm(q, w["q_norm"], s.rms_norm_eps), rms_norm(k, w["k_norm"], s.rms_norm_eps)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q = ops.norm_rope(q.view(b, t, h, hd), w.get("q_norm"), cos, sin, s.rms_norm_eps)
+            k = ops.norm_rope(k.view(b, t, kv, hd), w.get("k_norm"), cos, sin, s.rms_norm_eps)
             keys, values = cache.keys[i, slots], cache.values[i, slots]  # [B, h_kv, S, d] views
             write_rows(keys, rows, k)
-            write_rows(values, rows, v)
-            x = x + F.linear(grouped_attention(q, keys, values, mask), w["o"])
-            y = rms_norm(x, w["ln2"], s.rms_norm_eps)
-            gate, up = F.linear(y, w["gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w["down"])
+            write_rows(values, rows, v.view(b, t, kv, hd))
+            x, y = ops.add_norm(x, F.linear(grouped_attention(q, keys, values, bias), w["o"]), w["ln2"], s.rms_norm_eps)
+            delta = F.linear(ops.silu_mul(F.linear(y, w["gate_up"])), w["down"])
+            following = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.final_norm
+            x, y = ops.add_norm(x, delta, following, s.rms_norm_eps)
             if with_features and i in self.feature_layers:
                 features[i] = x
-        normed = rms_norm(x, self.final_norm, s.rms_norm_eps)
+        normed = y  # the last add_norm normed with the final norm
         logits = F.linear(normed[:, -1:] if last_logits_only else normed, self.lm_head)
         if not with_features:
             return logits, None
@@ -301,8 +352,9 @@ def _fuse_into_views(weights: list[torch.Tensor]) -> torch.Tensor:
 # ---- drafter -----------------------------------------------------------------------------------------
 
 class StaticDrafter:
-    """The DFlash drafter (`ddtree.models.drafter.DFlashDrafter`, weights shared) over a `SlotCache` whose
-    rows [0, S) hold context K/V at their positions and rows [S, S + b) hold the current block's K/V."""
+    """The DFlash drafter (`ddtree.models.drafter.DFlashDrafter`, weights shared: q/k/v and gate/up fused into
+    views) over a `SlotCache` whose rows [0, S) hold context K/V at their positions and rows [S, S + b) the
+    current block's K/V."""
 
     def __init__(self, drafter: torch.nn.Module) -> None:
         self.module = drafter
@@ -311,34 +363,45 @@ class StaticDrafter:
         self.mask_token_id = int(cfg.mask_token_id)
         self.head_dim = int(cfg.head_dim)
         self.theta = float(cfg.rope_theta)
+        self.eps = float(cfg.rms_norm_eps)
         self.num_kv_heads = int(cfg.num_key_value_heads)
         self.num_heads = int(cfg.num_attention_heads)
+        self.ops = Pointwise.for_device(drafter.fc.weight.device)
+        self.layers = []
+        with torch.no_grad():
+            for layer in drafter.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                qkv = _fuse_into_views([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+                self.layers.append({
+                    "qkv": qkv, "kv": qkv[self.num_heads * self.head_dim:], "o": attn.o_proj.weight,
+                    "q_norm": attn.q_norm.weight, "k_norm": attn.k_norm.weight,
+                    "gate_up": _fuse_into_views([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                    "down": mlp.down_proj.weight, "ln1": layer.input_layernorm.weight,
+                    "ln2": layer.post_attention_layernorm.weight,
+                })
 
     def allocate_cache(self, slots: int, capacity: int, device: torch.device, dtype: torch.dtype) -> SlotCache:
         """Context capacity S plus the block's b rows at the end."""
-        return SlotCache.allocate(len(self.module.layers), slots, self.num_kv_heads, capacity + self.block_size,
+        return SlotCache.allocate(len(self.layers), slots, self.num_kv_heads, capacity + self.block_size,
                                   self.head_dim, device, dtype)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [B, T, k*H] -> context features [B, T, H] (fc + hidden_norm)."""
         m = self.module
-        return m.hidden_norm(m.fc(features.to(m.fc.weight.dtype)))
-
-    def _kv(self, attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        b, t, _ = x.shape
-        k = attn.k_norm(attn.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim))
-        v = attn.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        return apply_rope(k, cos, sin), v  # [B, T, h_kv, d]
+        return self.ops.norm(F.linear(features.to(m.fc.weight.dtype), m.fc.weight), m.hidden_norm.weight, self.eps)
 
     def write_context(self, context: torch.Tensor, positions: torch.Tensor, cache: SlotCache, *,
                       first_slot: int = 0) -> None:
         """Context features [B, T, H] at positions [B, T] (also their cache rows) -> every layer's K/V."""
-        cos, sin = rope_tables(positions, self.head_dim, self.theta, context.dtype)
-        slots = slice(first_slot, first_slot + context.shape[0])
-        for i, layer in enumerate(self.module.layers):
-            k, v = self._kv(layer.self_attn, context, cos, sin)
+        b, t, _ = context.shape
+        kv, hd = self.num_kv_heads, self.head_dim
+        cos, sin = rope_tables(positions, hd, self.theta, context.dtype)
+        slots = slice(first_slot, first_slot + b)
+        for i, w in enumerate(self.layers):
+            k, v = F.linear(context, w["kv"]).split((kv * hd, kv * hd), dim=-1)
+            k = self.ops.norm_rope(k.view(b, t, kv, hd), w["k_norm"], cos, sin, self.eps)
             write_rows(cache.keys[i, slots], positions, k)
-            write_rows(cache.values[i, slots], positions, v)
+            write_rows(cache.values[i, slots], positions, v.view(b, t, kv, hd))
 
     def forward_block(self, block_embeds: torch.Tensor, block_positions: torch.Tensor, visible: torch.Tensor,
                       cache: SlotCache) -> torch.Tensor:
@@ -346,26 +409,29 @@ class StaticDrafter:
 
         block_embeds [B, b, H]; block_positions [B, b]; visible [B, S] bool (context rows the block sees).
         Returns final-normed hidden states [B, b, H]."""
-        m = self.module
+        ops, eps = self.ops, self.eps
         b, length, _ = block_embeds.shape
+        h, kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         capacity = cache.capacity - self.block_size
-        x = block_embeds.to(m.fc.weight.dtype)
-        cos, sin = rope_tables(block_positions, self.head_dim, self.theta, x.dtype)
+        x = block_embeds.to(self.module.fc.weight.dtype)
+        cos, sin = rope_tables(block_positions, hd, self.theta, x.dtype)
         block_rows = (torch.arange(length, device=x.device) + capacity).expand(b, length)  # [B, b]
         own = torch.ones((b, length), dtype=torch.bool, device=x.device)
         mask = torch.cat([visible, own], dim=1).unsqueeze(1).expand(b, length, capacity + length)  # [B, b, S + b]
-        for i, layer in enumerate(m.layers):
-            attn = layer.self_attn
-            y = layer.input_layernorm(x)
-            q = attn.q_norm(attn.q_proj(y).view(b, length, self.num_heads, self.head_dim))
-            q = apply_rope(q, cos, sin)
-            k, v = self._kv(attn, y, cos, sin)
+        bias = attention_bias(mask, h // kv, x.dtype)
+        y = ops.norm(x, self.layers[0]["ln1"], eps)
+        for i, w in enumerate(self.layers):
+            q, k, v = F.linear(y, w["qkv"]).split((h * hd, kv * hd, kv * hd), dim=-1)
+            q = ops.norm_rope(q.view(b, length, h, hd), w["q_norm"], cos, sin, eps)
+            k = ops.norm_rope(k.view(b, length, kv, hd), w["k_norm"], cos, sin, eps)
             keys, values = cache.keys[i, :b], cache.values[i, :b]
             write_rows(keys, block_rows, k)
-            write_rows(values, block_rows, v)
-            x = x + attn.o_proj(grouped_attention(q, keys, values, mask))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return m.norm(x)
+            write_rows(values, block_rows, v.view(b, length, kv, hd))
+            x, y = ops.add_norm(x, F.linear(grouped_attention(q, keys, values, bias), w["o"]), w["ln2"], eps)
+            delta = F.linear(ops.silu_mul(F.linear(y, w["gate_up"])), w["down"])
+            following = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.module.norm.weight
+            x, y = ops.add_norm(x, delta, following, eps)
+        return y
 
 
 def random_drafter_for(shape: DecoderShape, *, layers: int, block_size: int, target_layer_ids: list[int],
