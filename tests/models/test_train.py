@@ -78,7 +78,7 @@ def test_tiny_pair_trains_and_drafts_better_than_chance(tiny_pair):
     res = evaluate_acceptance(pair, prompts, num_prompts=4, max_new_tokens=24)
     # a random drafter over a 512-token vocabulary essentially never matches: tau ~ 1
     assert res["dflash_tau"] > 1.2
-    assert res["ddtree_tau"] >= 1.0
+    assert res["ddtree32_tau"] >= 1.0
 
 
 def test_batched_greedy_rollouts_match_single_sequence_decoding(untrained_pair):
@@ -148,7 +148,7 @@ def test_cached_pool_features_give_the_same_drafter_loss(untrained_pair):
     grads = []
     for pre in (None, (cached[0][rows], cached[1][rows])):
         drafter.zero_grad(set_to_none=True)
-        loss, acc = drafter_batch_loss(target, drafter, pool[rows], anchors, w, "greedy", precomputed=pre)
+        loss, acc, _ = drafter_batch_loss(target, drafter, pool[rows], anchors, w, "greedy", precomputed=pre)
         loss.backward()
         grads.append((float(loss.detach()), acc, [p.grad.clone() for p in drafter.parameters() if p.grad is not None]))
     assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-5)
