@@ -102,10 +102,10 @@ SIZES: dict[str, PairSize] = {
     "gpu": PairSize(
         name="gpu", vocab_size=4096, hidden_size=512, target_layers=8, target_intermediate=1536, num_heads=8,
         num_kv_heads=4, head_dim=64, drafter_layers=4, drafter_intermediate=1536, block_size=16,
-        target_layer_ids=(1, 3, 5, 7), seq_len=384, target_batch=32, target_lr=2e-3, target_minutes=1.5,
-        target_max_steps=640, drafter_batch=256, drafter_anchors=16, drafter_lr=2e-3, drafter_minutes=4.5,
+        target_layer_ids=(1, 3, 5, 7), seq_len=384, target_batch=32, target_lr=2e-3, target_minutes=1.25,
+        target_max_steps=640, drafter_batch=256, drafter_anchors=16, drafter_lr=2e-3, drafter_minutes=4.25,
         drafter_max_steps=2400, rollout_rows=24576, corpus_max_train_bytes=None, tokenizer_max_bytes=None,
-        # Fixed step counts; the minutes (6 in all, preparation, rollouts and feature cache included) are a
+        # Fixed step counts; the minutes (5.5 in all, preparation, rollouts and feature cache included) are a
         # safety stop that the FLOP estimate keeps ~2 minutes away.
         schedule="steps", anchors_after_prompt=True,
     ),
