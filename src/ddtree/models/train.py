@@ -334,8 +334,6 @@ def drafter_batch_loss(
     else:
         raise ValueError(f"label_mode must be 'greedy' or 'data', got {label_mode!r}")
     mask = training_block_mask(anchors, S, b)  # [B, M*b, S + M*b]
-    if not autocast:  # a cache of a bf16 target holds bf16 features
-        feats = feats.to(drafter.fc.weight.dtype)
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
         ctx = drafter.hidden_norm(drafter.fc(feats))  # [B, S, H]
         with torch.no_grad():
