@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-prompts", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--budgets", default="16,32,64,128")
+    ap.add_argument("--eval-deadline-s", type=float, default=375.0,
+                    help="no evaluation prompt starts after this many seconds of the script (the .sh kills "
+                         "it at 400)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     t0 = time.perf_counter()
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = list(iter_jsonl(pair_dir / "prompts" / "heldout.jsonl"))
     t_eval = time.perf_counter()
     acc = evaluate_acceptance(pair, prompts, max_new_tokens=new_tokens, budgets=budgets, num_prompts=eval_prompts,
-                              device=dev)
+                              device=dev, deadline=t0 + args.eval_deadline_s)
     acc["eval_s"] = round(time.perf_counter() - t_eval, 2)
     acc["dtype"] = str(default_dtype(dev)).replace("torch.", "")
     manifest["metrics"]["acceptance_t0"] = acc

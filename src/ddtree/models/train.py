@@ -610,6 +610,7 @@ def all_block_logits(drafter: DFlashDrafter, embed, head, seq: list[int], feats:
 def evaluate_acceptance(
     pair, prompts: list[dict], *, max_new_tokens: int = 64, budgets: Sequence[int] = (32,),
     num_prompts: int | None = 32, device: torch.device | str = "cpu", progress: bool = False,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Teacher-forced tau at T = 0 for DFlash (argmax chain) and DDTree (tree under each of `budgets`).
 
@@ -619,7 +620,8 @@ def evaluate_acceptance(
     and the next bonus sits at s + accepted + 1. The first bonus is the prefill's token (position P).
     tau = (accepted + 1) averaged over rounds; reported pooled over rounds and averaged per prompt, as
     `dflash_tau` and `ddtree{B}_tau` (`ddtree{B}_over_dflash` their ratio). Also the target's mean
-    entropy (nats, T = 1) at the positions that chose c: `target_entropy_on_greedy`.
+    entropy (nats, T = 1) at the positions that chose c: `target_entropy_on_greedy`. `deadline` (a
+    time.perf_counter() value): no prompt is started after it; `num_prompts` then counts those done.
     """
     import warnings
 
@@ -632,8 +634,11 @@ def evaluate_acceptance(
     sel = prompts if num_prompts is None else prompts[:num_prompts]
     methods = ["dflash"] + [f"ddtree{B}" for B in budgets]
     stats = {m: {"rounds": 0, "accepted": 0, "per_prompt": []} for m in methods}
-    entropy_sum, entropy_n = 0.0, 0
+    entropy_sum, entropy_n, done = 0.0, 0, 0
     for rec in tqdm(sel, desc="eval", disable=not progress):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        done += 1
         ids = tok(rec["text"]).input_ids
         P = len(ids)
         with warnings.catch_warnings():
@@ -663,7 +668,7 @@ def evaluate_acceptance(
             st["rounds"] += rounds
             st["accepted"] += acc
             st["per_prompt"].append((acc + rounds) / rounds)
-    result: dict[str, Any] = {"num_prompts": len(sel), "max_new_tokens": max_new_tokens, "budgets": list(budgets),
+    result: dict[str, Any] = {"num_prompts": done, "max_new_tokens": max_new_tokens, "budgets": list(budgets),
                               "block_size": b, "temperature": 0.0,
                               "target_entropy_on_greedy": round(entropy_sum / max(entropy_n, 1), 4)}
     for m, st in stats.items():
