@@ -140,3 +140,24 @@ def test_sglang_profiles_skip_ddtree_runs_with_a_note_naming_profile_and_method(
     assert unsupported_note("cpu", PROFILE, ["ar", "dflash", "ddtree"]) is None
     note = unsupported_note("b300-x8", sglang, ["ar", "dflash", "ddtree"])
     assert note is not None and "'b300-x8'" in note and "'sglang'" in note and "ddtree" in note
+
+
+def test_profile_pairs_apply_the_profiles_replacements():
+    from ddtree.pipeline.config import profile_pairs
+
+    pairs = {"embedded-small": {}, "embedded-gpu": {}, "qwen3-8b": {}}
+    gpu = {**PROFILE, "replace_pairs": {"embedded-small": "embedded-gpu"}}
+    assert profile_pairs(["embedded-small", "qwen3-8b"], "h", gpu, pairs) == ["embedded-gpu", "qwen3-8b"]
+    assert profile_pairs(["embedded-small", "embedded-gpu"], "h", gpu, pairs) == ["embedded-gpu"]
+    assert profile_pairs(["embedded-small"], "cpu", PROFILE, pairs) == ["embedded-small"]
+    with pytest.raises(ValueError, match="'nope' is not defined under 'model_pairs'"):
+        profile_pairs(["embedded-small"], "h", {**PROFILE, "replace_pairs": {"embedded-small": "nope"}}, pairs)
+
+
+def test_train_profile_defaults_to_cpu_and_must_exist():
+    from ddtree.pipeline.config import train_profile
+
+    assert train_profile("p", {"source": "embedded"}, ["cpu"]) == "cpu"
+    assert train_profile("p", {"train_profile": "h200-x1"}, ["cpu", "h200-x1"]) == "h200-x1"
+    with pytest.raises(ValueError, match="train_profile 'gb200' is unknown"):
+        train_profile("p", {"train_profile": "gb200"}, ["cpu"])

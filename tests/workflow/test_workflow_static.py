@@ -177,3 +177,23 @@ def test_readme_has_exactly_two_quick_start_commands_and_ci_runs_the_test_one():
     lines = [line for line in ci.splitlines() if line and not line.startswith("#")]
     assert lines[-1] == tests
     assert lines.index("python -m pip install torch==2.13.0") < lines.index(tests)
+
+
+def test_h200_profile_benchmarks_the_gpu_pair_trained_on_its_gpu(workdir):
+    """h200-x1 replaces the CPU pair by embedded-gpu, which trains with --device cuda on the profile's GPU
+    resources; the cpu profile keeps embedded-small, trained on the CPU."""
+    no_conda = [] if shutil.which("conda") else ["--software-deployment-method", "env-modules"]
+    done = snakemake(workdir, "--profile", "gpu-cluster", "-n", "-p", *no_conda, "--config", "hardware=[cpu,h200-x1]")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "results/h200-x1/embedded-gpu/" in out and "results/h200-x1/embedded-small/" not in out
+    assert "results/cpu/embedded-small/" in out
+    assert re.search(r"train-pair --size gpu .*--device cuda", out)
+    assert re.search(r"train-pair --size small .*--device cpu", out)
+    hw = yaml.safe_load((REPO / "config" / "hardware" / "h200-x1.yaml").read_text())["resources"]
+    block = re.search(r"rule train_embedded_pair:.*?wildcards: embedded_pair=embedded-gpu.*?resources: ([^\n]*)",
+                      out, re.S)
+    assert block, out[-3000:]
+    resources = dict(item.split("=", 1) for item in block.group(1).split(", "))
+    assert resources["slurm_partition"] == hw["partition"] and resources["gpu"] == str(hw["gpus"])
+    assert resources["gpu_model"] == hw["gpu_model"]

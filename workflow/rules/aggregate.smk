@@ -3,14 +3,14 @@
 
 rule environment:
     input:
-        manifests=expand("resources/models/{pair}/manifest.json", pair=config["pairs"]),
+        manifests=expand("resources/models/{pair}/manifest.json", pair=USED_PAIRS),
         selfchecks=expand("results/{profile}/build/selfcheck.json", profile=config["hardware"]),
     output:
         env="results/tables/environment.json",
         parquet="results/tables/environment.parquet",
         csv="results/tables/environment.csv",
     params:
-        pairs={pair: pair_dir(pair) for pair in config["pairs"]},
+        pairs={pair: pair_dir(pair) for pair in USED_PAIRS},
     log:
         "results/logs/aggregate/environment.log",
     conda:

@@ -40,8 +40,25 @@ def _load_profile(name):
 
 
 HARDWARE = {name: _load_profile(name) for name in config["hardware"]}
-PAIRS = {name: config["model_pairs"][name] for name in config["pairs"]}
+try:
+    # the pairs each profile benchmarks (its replace_pairs applied), and every pair any profile uses
+    PROFILE_PAIRS = {
+        name: pipeline_config.profile_pairs(config["pairs"], name, profile, config["model_pairs"])
+        for name, profile in HARDWARE.items()
+    }
+except ValueError as exc:
+    raise WorkflowError(f"config: {exc}") from None
+USED_PAIRS = list(dict.fromkeys(pair for pairs in PROFILE_PAIRS.values() for pair in pairs))
+PAIRS = {name: config["model_pairs"][name] for name in USED_PAIRS}
 EMBEDDED_PAIRS = [name for name, pair in PAIRS.items() if pair["source"] == "embedded"]
+try:
+    # the hardware profile that trains each embedded pair (its device and cluster resources)
+    TRAIN_PROFILES = {
+        name: _load_profile(pipeline_config.train_profile(name, PAIRS[name], AVAILABLE_PROFILES))
+        for name in EMBEDDED_PAIRS
+    }
+except ValueError as exc:
+    raise WorkflowError(f"config: {exc}") from None
 HUB_PAIRS = [name for name, pair in PAIRS.items() if pair["source"] == "hub"]
 DATASETS = {name: config["dataset_catalog"][name] for name in config["datasets"]}
 HUB_DATASETS = [name for name, ds in DATASETS.items() if ds["source"] == "hub"]
@@ -73,7 +90,7 @@ def names_regex(names):
 
 wildcard_constraints:
     profile=names_regex(config["hardware"]),
-    pair=names_regex(config["pairs"]),
+    pair=names_regex(USED_PAIRS),
     embedded_pair=names_regex(EMBEDDED_PAIRS),
     hub_pair=names_regex(HUB_PAIRS),
     dataset=names_regex(HUB_DATASETS),
@@ -107,7 +124,7 @@ def all_plans():
     return [
         f"{run_dir(profile, pair, run)}/plan.json"
         for profile in config["hardware"]
-        for pair in config["pairs"]
+        for pair in PROFILE_PAIRS[profile]
         for run in pipeline_config.runs_for_profile(RUNS, HARDWARE[profile])
     ]
 
@@ -149,6 +166,34 @@ def embedded_size(wildcards):
 
 def embedded_seed(wildcards):
     return PAIRS[wildcards.embedded_pair]["seed"]
+
+
+def train_device(wildcards):
+    return TRAIN_PROFILES[wildcards.embedded_pair]["device"]
+
+
+def _train_resources(wildcards):
+    return TRAIN_PROFILES[wildcards.embedded_pair]["resources"]
+
+
+def train_res_partition(wildcards):
+    return _train_resources(wildcards)["partition"]
+
+
+def train_res_account(wildcards):
+    return _train_resources(wildcards).get("account") or ""
+
+
+def train_res_gpus(wildcards):
+    return int(_train_resources(wildcards)["gpus"])
+
+
+def train_res_gpu_model(wildcards):
+    return _train_resources(wildcards)["gpu_model"] or ""
+
+
+def train_res_mem_mb(wildcards):
+    return int(_train_resources(wildcards)["mem_mb"])
 
 
 def train_options(wildcards):

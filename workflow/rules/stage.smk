@@ -9,14 +9,23 @@ rule train_embedded_pair:
         size=embedded_size,
         seed=embedded_seed,
         options=train_options,
+        device=train_device,
         out=subpath(output.manifest, parent=True),
     log:
         "results/logs/stage/{embedded_pair}.log",
     threads: 8
+    # where it trains: the pair's train_profile (default cpu; embedded-gpu: h200-x1); cpus and runtime
+    # come from the cluster profile's set-resources
+    resources:
+        slurm_partition=train_res_partition,
+        slurm_account=train_res_account,
+        gpu=train_res_gpus,
+        gpu_model=train_res_gpu_model,
+        mem_mb=train_res_mem_mb,
     conda:
         CONDA_ENV
     shell:
-        "ddtree train-pair --size {params.size} --seed {params.seed} --out {params.out} "
+        "ddtree train-pair --size {params.size} --seed {params.seed} --out {params.out} --device {params.device} "
         "--threads {threads} --no-progress {params.options} > {log} 2>&1"
 
 

@@ -28,7 +28,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,11 +57,12 @@ def tokenize_files(tok, files: list[CorpusFile], eos_id: int) -> torch.Tensor:
 
 
 def random_windows(stream: torch.Tensor, batch: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
-    """[batch, seq_len] windows at random offsets of the token stream."""
+    """[batch, seq_len] windows at random offsets of the token stream, on the stream's device (`gen` is a
+    generator of that device: on CUDA the offsets never visit the host, so a step does not wait for the GPU)."""
     if stream.numel() <= seq_len:
         raise ValueError(f"token stream ({stream.numel()}) shorter than seq_len ({seq_len})")
-    starts = torch.randint(0, stream.numel() - seq_len, (batch,), generator=gen)
-    return torch.stack([stream[s : s + seq_len] for s in starts.tolist()])
+    starts = torch.randint(0, stream.numel() - seq_len, (batch,), generator=gen, device=gen.device)
+    return stream[starts.unsqueeze(1) + torch.arange(seq_len, device=starts.device)]
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
@@ -160,7 +161,9 @@ def run_loop(
         raise ValueError(f"schedule must be 'time' or 'steps', got {schedule!r}")
     from tqdm.auto import tqdm
 
-    opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.05)
+    # fused: one kernel for the whole update on CUDA (the default foreach path launches several per tensor group)
+    opt = torch.optim.AdamW(params, lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.05,
+                            fused=all(p.is_cuda for p in params))
     t0 = time.perf_counter()
     warmup_frac = 0.05
     bar = tqdm(total=max_steps if max_steps < 10**5 else None, desc=desc, disable=not progress,
@@ -182,24 +185,27 @@ def run_loop(
             picker.before_step(step, elapsed)
             t_step = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = step_fn(step)
+            # step_fn may return a 0-dim tensor: it is read on the host only when logged, so on CUDA the
+            # next step's launches queue behind this one instead of waiting for it
+            loss = torch.as_tensor(step_fn(step)).detach()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             picker.after_step(step, time.perf_counter() - t_step)
-            ema = loss if math.isnan(ema) else 0.95 * ema + 0.05 * loss
+            ema = loss if step == 0 else 0.95 * ema + 0.05 * loss
             step += 1
             bar.update(1)
             if step % log_every == 0:
-                bar.set_postfix(loss=f"{ema:.3f}", lr=f"{lr:.2e}")
-                rec = {"phase": desc, "step": step, "loss": loss, "loss_ema": ema, "lr": lr,
+                loss_f, ema_f = float(loss), float(ema)
+                bar.set_postfix(loss=f"{ema_f:.3f}", lr=f"{lr:.2e}")
+                rec = {"phase": desc, "step": step, "loss": loss_f, "loss_ema": ema_f, "lr": lr,
                        "elapsed_s": round(time.perf_counter() - t0, 2)}
                 lf.write(json.dumps(rec) + "\n")
                 lf.flush()
-                log.info("%s step %d loss %.4f (ema %.4f) lr %.2e %.0fs", desc, step, loss, ema, lr,
+                log.info("%s step %d loss %.4f (ema %.4f) lr %.2e %.0fs", desc, step, loss_f, ema_f, lr,
                          time.perf_counter() - t0)
     bar.close()
     torch.set_num_threads(threads_before)
-    return LoopResult(step, round(time.perf_counter() - t0, 2), ema, stopped, picker.current)
+    return LoopResult(step, round(time.perf_counter() - t0, 2), float(ema), stopped, picker.current)
 
 
 # ---- target ----------------------------------------------------------------------------------------
@@ -207,18 +213,34 @@ def run_loop(
 def train_target(
     model, stream: torch.Tensor, spec: PairSize, *, seed: int, device: torch.device, budget_s: float,
     progress: bool = True, log_file: Path | None = None, autocast: bool = False,
+    heldout: torch.Tensor | None = None, probes: int = 8,
 ) -> LoopResult:
-    """Causal-LM training on random windows of the train token stream."""
-    gen = torch.Generator().manual_seed(seed + 1)
+    """Causal-LM training on random windows of the train token stream.
+
+    With `heldout`, the held-out loss is logged `probes` times during training (log file phase
+    "target-heldout"): the evidence of whether the step count under- or over-fits the corpus."""
+    # On CUDA the stream and the window offsets live on the GPU (no host round trip per step).
+    gen = torch.Generator(device=device if device.type == "cuda" else "cpu").manual_seed(seed + 1)
+    stream = stream.to(gen.device)
+    probe_every = max(1, spec.target_max_steps // probes)
     model.train()
 
-    def step_fn(_: int) -> float:
+    def step_fn(step: int) -> torch.Tensor:
+        if heldout is not None and step > 0 and step % probe_every == 0:
+            model.eval()
+            loss, entropy = eval_lm(model, heldout, spec.seq_len, device)
+            model.train()
+            log.info("target step %d: held-out loss %.4f, entropy %.4f", step, loss, entropy)
+            if log_file is not None:
+                with log_file.open("a") as lf:
+                    lf.write(json.dumps({"phase": "target-heldout", "step": step, "heldout_loss": round(loss, 4),
+                                         "heldout_entropy": round(entropy, 4)}) + "\n")
         x = random_windows(stream, spec.target_batch, spec.seq_len + 1, gen).to(device)  # [B, S+1]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             logits = model(input_ids=x[:, :-1]).logits  # [B, S, V]
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
         loss.backward()
-        return float(loss.detach())
+        return loss.detach()
 
     res = run_loop(step_fn, [p for p in model.parameters() if p.requires_grad], peak_lr=spec.target_lr,
                    budget_s=budget_s, max_steps=spec.target_max_steps, log_every=10, desc="target",
@@ -229,14 +251,18 @@ def train_target(
 
 
 @torch.no_grad()
-def eval_lm_loss(model, stream: torch.Tensor, seq_len: int, device: torch.device, max_windows: int = 32) -> float:
-    """Mean next-token loss over consecutive held-out windows."""
+def eval_lm(model, stream: torch.Tensor, seq_len: int, device: torch.device, max_windows: int = 32
+            ) -> tuple[float, float]:
+    """(mean next-token loss, mean entropy of the next-token distribution at T = 1), both in nats, over
+    consecutive held-out windows."""
     n = min(max_windows, stream.numel() // (seq_len + 1))
     if n == 0:
-        return float("nan")
+        return float("nan"), float("nan")
     x = stream[: n * (seq_len + 1)].view(n, seq_len + 1).to(device)
-    logits = model(input_ids=x[:, :-1]).logits.float()
-    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)))
+    logp = torch.log_softmax(model(input_ids=x[:, :-1]).logits.float(), dim=-1)  # [n, S, V]
+    loss = F.nll_loss(logp.reshape(-1, logp.shape[-1]), x[:, 1:].reshape(-1))
+    entropy = -(logp.exp() * logp).sum(-1).mean()
+    return float(loss), float(entropy)
 
 
 # ---- drafter ---------------------------------------------------------------------------------------
@@ -248,13 +274,21 @@ def position_weights(block_size: int, gamma: float | None, device: torch.device)
     return w / w.mean()
 
 
-def sample_anchors(batch: int, num: int, seq_len: int, block_size: int, gen: torch.Generator) -> torch.Tensor:
-    """[batch, num] sorted distinct anchors in [1, seq_len - block_size] (context never empty)."""
+def sample_anchors(
+    batch: int, num: int, seq_len: int, block_size: int, gen: torch.Generator, lo: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[batch, num] sorted distinct anchors in [1, seq_len - block_size] (context never empty), on gen's device.
+
+    lo [batch] (optional): row r's anchors are >= lo[r]; the caller guarantees seq_len - block_size - lo + 1
+    >= num (checked on the host once, not here: that would wait for the GPU every step)."""
     hi = seq_len - block_size  # last anchor whose whole block has labels inside the window
     if hi < 1:
         raise ValueError(f"seq_len ({seq_len}) must exceed block_size ({block_size})")
     num = min(num, hi)
-    scores = torch.rand(batch, hi, generator=gen)
+    scores = torch.rand(batch, hi, generator=gen, device=gen.device)  # [batch, hi]: score of anchor 1 .. hi
+    if lo is not None:  # scores are in [0, 1): a position below lo scores -1 and loses every top-k
+        pos = torch.arange(1, hi + 1, device=scores.device)
+        scores = scores.masked_fill(pos < lo.to(scores.device).unsqueeze(1), -1.0)
     return (scores.topk(num, dim=1).indices + 1).sort(dim=1).values
 
 
@@ -272,8 +306,10 @@ def drafter_batch_loss(
     target, drafter: DFlashDrafter, x: torch.Tensor, anchors: torch.Tensor, weights: torch.Tensor,
     label_mode: str = "greedy", autocast: bool = False,
     precomputed: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One training-layout forward. x [B, S] tokens, anchors [B, M]. Returns (loss, top-1 accuracy per pos [D]).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One training-layout forward. x [B, S] tokens, anchors [B, M]. Returns (loss, top-1 accuracy per pos [D],
+    prefix acceptance per pos [D]: the fraction of blocks whose first k drafts are all right, so that
+    1 + its sum is the teacher-forced DFlash tau of the batch).
 
     Labels at drafted position k (token position a + k): the target's greedy prediction from position
     a + k - 1 ("greedy") or the data token itself ("data"). `precomputed` = `target_features(x)` when the
@@ -306,8 +342,10 @@ def drafter_batch_loss(
         logits = head(h.view(B, M, b, -1)[:, :, 1:])  # [B, M, D, V]
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
     loss = (ce.view(B, M, b - 1) * weights).mean()
-    acc = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))  # [D]
-    return loss, acc
+    hit = logits.argmax(-1) == labels  # [B, M, D]
+    acc = hit.float().mean(dim=(0, 1))  # [D]
+    accept = hit.int().cumprod(-1).float().mean(dim=(0, 1))  # [D]
+    return loss, acc, accept
 
 
 @torch.no_grad()
@@ -317,7 +355,7 @@ def greedy_extend(target, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        out = target(input_ids=prompts, use_cache=True)
+        out = target(input_ids=prompts, use_cache=True, logits_to_keep=1)  # [B, 1, V]: not the prompt's logits
         past, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
         toks = [prompts, nxt]
         for _ in range(n_new - 1):
@@ -331,45 +369,61 @@ def greedy_extend(target, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
 def rollout_pool(
     target, stream: torch.Tensor, spec: PairSize, *, gen: torch.Generator, device: torch.device, budget_s: float,
     max_rows: int, chunk: int = 64,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Training sequences in the drafter's inference distribution: a real-code prompt (a random window
-    of 1/8 .. 1/2 of seq_len tokens) followed by the target's own greedy continuation up to seq_len.
-    Generated in chunks until max_rows or the time budget: [R, seq_len] int64 (on CPU)."""
+    of 1/8 .. 1/2 of the rollout length) followed by the target's own greedy continuation.
+    Generated in chunks (one prompt length per chunk) until max_rows or the time budget.
+    Returns (pool [R, rollout_len] int64, prompt lengths [R] int64), both on CPU."""
     t0 = time.perf_counter()
     length = spec.rollout_len
     rows: list[torch.Tensor] = []
+    lens: list[torch.Tensor] = []
     n = 0
     while n < max_rows and (n == 0 or time.perf_counter() - t0 < budget_s):
         P = int(torch.randint(length // 8, length // 2 + 1, (1,), generator=gen))
         prompts = random_windows(stream, chunk, P, gen).to(device)
         rows.append(greedy_extend(target, prompts, length - P).cpu())
+        lens.append(torch.full((chunk,), P, dtype=torch.long))
         n += chunk
-    pool = torch.cat(rows)[:max_rows]
+    pool, prompt_lens = torch.cat(rows)[:max_rows], torch.cat(lens)[:max_rows]
     log.info("rollout pool: %d sequences of %d tokens in %.1fs", pool.shape[0], length,
              time.perf_counter() - t0)
-    return pool
+    return pool, prompt_lens
 
 
-# Largest rollout-pool feature cache kept in memory; bigger pools run the target in every drafter step.
+# Largest rollout-pool feature cache kept in CPU memory; bigger pools run the target in every drafter step.
+# On CUDA the cache may also take up to half of the device memory free when it is built.
 POOL_FEATURE_CACHE_BYTES = 2 << 30
+
+
+def _feature_cache_limit(device: torch.device) -> int:
+    if device.type != "cuda":
+        return POOL_FEATURE_CACHE_BYTES
+    torch.cuda.empty_cache()  # blocks the rollouts' KV caches left in torch's allocator count as free
+    return max(POOL_FEATURE_CACHE_BYTES, torch.cuda.mem_get_info(device)[0] // 2)
 
 
 def pool_features(
     target, pool: torch.Tensor, layer_ids, *, device: torch.device, autocast: bool, chunk: int = 32,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """`target_features` of every pool row ([R, S, k*H] fp32, [R, S]) on `device`, or None when the cache
-    would exceed POOL_FEATURE_CACHE_BYTES. The target is frozen, so each drafter step then skips its forward."""
+    """`target_features` of every pool row ([R, S, k*H] in the target's dtype, [R, S]) on `device`, or None
+    when the cache would exceed the device's limit. The target is frozen, so each drafter step then skips
+    its forward. Filled in place (no second copy of the cache while it is built)."""
     hidden = target.config.hidden_size * len(layer_ids)
-    if pool.numel() * hidden * 4 > POOL_FEATURE_CACHE_BYTES:
+    dtype = next(target.parameters()).dtype
+    R, S = pool.shape
+    if R * S * hidden * dtype.itemsize > _feature_cache_limit(device):
         return None
     t0 = time.perf_counter()
-    feats, greedy = [], []
-    for start in range(0, pool.shape[0], chunk):
+    feats = torch.empty((R, S, hidden), dtype=dtype, device=device)
+    greedy = torch.empty((R, S), dtype=torch.long, device=device)
+    for start in range(0, R, chunk):
         f, g = target_features(target, pool[start : start + chunk].to(device), layer_ids, autocast)
-        feats.append(f)
-        greedy.append(g)
-    log.info("rollout pool features: %d rows in %.1fs", pool.shape[0], time.perf_counter() - t0)
-    return torch.cat(feats), torch.cat(greedy)
+        feats[start : start + chunk] = f
+        greedy[start : start + chunk] = g
+    log.info("rollout pool features: %d rows (%.1f GB) in %.1fs", R, feats.numel() * dtype.itemsize / 1e9,
+             time.perf_counter() - t0)
+    return feats, greedy
 
 
 LABEL_MODES = ("rollout", "greedy", "data")
@@ -385,7 +439,8 @@ def train_drafter(
     label_mode: "rollout" = sequences whose continuation the target generated greedily (a pool built
     with up to `rollout_frac` of the budget), labels = the target's greedy predictions; "greedy" = real
     code windows, labels = the target's greedy predictions; "data" = real code windows, data labels.
-    Returns the loop result, the last batch's per-position top-1 accuracy and data statistics.
+    Returns the loop result, the last batch's per-position top-1 accuracy and data statistics (with the
+    last batch's teacher-forced DFlash tau).
     """
     if label_mode not in LABEL_MODES:
         raise ValueError(f"label_mode must be one of {LABEL_MODES}, got {label_mode!r}")
@@ -393,48 +448,69 @@ def train_drafter(
         p.requires_grad_(False)
     target.eval()
     gen = torch.Generator().manual_seed(seed + 2)
+    # What each step draws (rows, windows, anchors): on CUDA from a generator of the GPU, with the pool there
+    # too, so that no step waits for the previous one to finish (a host tensor copied in would).
+    step_gen = gen if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed + 3)
     w = position_weights(spec.block_size, gamma, device)
-    last_acc: list[float] = []
+    last: dict[str, torch.Tensor] = {}
     info: dict[str, Any] = {"label_mode": label_mode}
     t0 = time.perf_counter()
-    pool = cached = None
+    pool = cached = lo = None
     if label_mode == "rollout":
         threads = torch.get_num_threads()
         torch.set_num_threads(1 if device.type == "cpu" else threads)  # many tiny ops: one thread is best
-        pool = rollout_pool(target, stream, spec, gen=gen, device=device, budget_s=rollout_frac * budget_s,
-                            max_rows=spec.rollout_rows, chunk=64 if device.type == "cpu" else 512)
+        pool, prompt_lens = rollout_pool(target, stream, spec, gen=gen, device=device,
+                                         budget_s=rollout_frac * budget_s, max_rows=spec.rollout_rows,
+                                         chunk=64 if device.type == "cpu" else 4096)
         info.update(rollout_rows=int(pool.shape[0]), rollout_s=round(time.perf_counter() - t0, 2))
+        if spec.anchors_after_prompt:
+            room = spec.rollout_len - spec.block_size - int(prompt_lens.max()) + 1
+            if room < spec.drafter_anchors:
+                raise ValueError(f"{room} anchor positions after the longest rollout prompt, fewer than "
+                                 f"drafter_anchors ({spec.drafter_anchors})")
+            lo = prompt_lens.to(step_gen.device)
+        pool = pool.to(step_gen.device)
         # Also on one CPU thread: under any other load two OpenMP threads ran this pass ~5x slower
         # (52 s vs 10 s for 1024 x 320 tokens); small chunks keep each forward in cache.
         t_feats = time.perf_counter()
         cached = pool_features(target, pool, drafter.config.target_layer_ids, device=device, autocast=autocast,
-                               chunk=8 if device.type == "cpu" else 64)
+                               chunk=8 if device.type == "cpu" else 256)
         info.update(pool_features_cached=cached is not None,
                     pool_features_s=round(time.perf_counter() - t_feats, 2))
         torch.set_num_threads(threads)
+    else:
+        stream = stream.to(step_gen.device)
     drafter.train()
 
-    def step_fn(_: int) -> float:
-        precomputed = None
+    def step_fn(step: int) -> torch.Tensor:
+        precomputed = row_lo = None
         if pool is not None:
-            rows = torch.randint(0, pool.shape[0], (spec.drafter_batch,), generator=gen)
+            rows = torch.randint(0, pool.shape[0], (spec.drafter_batch,), generator=step_gen, device=step_gen.device)
             x = pool[rows].to(device)
             if cached is not None:  # pool_features put both on `device`
                 precomputed = tuple(t[rows.to(device)] for t in cached)
+            if lo is not None:
+                row_lo = lo[rows]
         else:
-            x = random_windows(stream, spec.drafter_batch, spec.seq_len, gen).to(device)
-        anchors = sample_anchors(x.shape[0], spec.drafter_anchors, x.shape[1], spec.block_size, gen).to(device)
-        loss, acc = drafter_batch_loss(target, drafter, x, anchors, w,
-                                       "data" if label_mode == "data" else "greedy", autocast, precomputed)
+            x = random_windows(stream, spec.drafter_batch, spec.seq_len, step_gen).to(device)
+        anchors = sample_anchors(x.shape[0], spec.drafter_anchors, x.shape[1], spec.block_size, step_gen,
+                                 row_lo).to(device)
+        loss, acc, accept = drafter_batch_loss(target, drafter, x, anchors, w,
+                                               "data" if label_mode == "data" else "greedy", autocast, precomputed)
         loss.backward()
-        last_acc[:] = [round(float(a), 4) for a in acc]
-        return float(loss.detach())
+        last.update(acc=acc, accept=accept)
+        if step % 100 == 0:  # one host read per 100 steps
+            log.info("drafter step %d: batch tau %.3f (teacher-forced, bonus included)", step, 1 + float(accept.sum()))
+        return loss.detach()
 
     res = run_loop(step_fn, [p for p in drafter.parameters() if p.requires_grad], peak_lr=spec.drafter_lr,
                    budget_s=budget_s - (time.perf_counter() - t0), max_steps=spec.drafter_max_steps,
                    log_every=10, desc="drafter", progress=progress, log_file=log_file, schedule=spec.schedule,
                    auto_threads=device.type == "cpu")
     drafter.eval()
+    last_acc = [round(float(a), 4) for a in last["acc"]] if last else []
+    if last:
+        info["last_batch_tau"] = round(1 + float(last["accept"].sum()), 4)
     return res, last_acc, info
 
 
@@ -532,16 +608,20 @@ def all_block_logits(drafter: DFlashDrafter, embed, head, seq: list[int], feats:
 
 @torch.no_grad()
 def evaluate_acceptance(
-    pair, prompts: list[dict], *, max_new_tokens: int = 64, budget: int = 32, num_prompts: int | None = 32,
-    device: torch.device | str = "cpu", progress: bool = False,
+    pair, prompts: list[dict], *, max_new_tokens: int = 64, budgets: Sequence[int] = (32,),
+    num_prompts: int | None = 32, device: torch.device | str = "cpu", progress: bool = False,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
-    """Teacher-forced tau at T = 0 for DFlash (argmax chain) and DDTree (tree under `budget`).
+    """Teacher-forced tau at T = 0 for DFlash (argmax chain) and DDTree (tree under each of `budgets`).
 
     Per prompt: the target's greedy continuation c of max_new_tokens (+ one block of slack so the last
     round is not truncated). A round starting with the bonus at position s drafts from context features
     of positions < s (the engine's convention), accepts the longest drafted prefix equal to c after s,
     and the next bonus sits at s + accepted + 1. The first bonus is the prefill's token (position P).
-    tau = (accepted + 1) averaged over rounds; reported pooled over rounds and averaged per prompt.
+    tau = (accepted + 1) averaged over rounds; reported pooled over rounds and averaged per prompt, as
+    `dflash_tau` and `ddtree{B}_tau` (`ddtree{B}_over_dflash` their ratio). Also the target's mean
+    entropy (nats, T = 1) at the positions that chose c: `target_entropy_on_greedy`. `deadline` (a
+    time.perf_counter() value): no prompt is started after it; `num_prompts` then counts those done.
     """
     import warnings
 
@@ -552,8 +632,13 @@ def evaluate_acceptance(
     b = drafter.config.block_size
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()
     sel = prompts if num_prompts is None else prompts[:num_prompts]
-    stats = {m: {"rounds": 0, "accepted": 0, "per_prompt": []} for m in ("dflash", "ddtree")}
+    methods = ["dflash"] + [f"ddtree{B}" for B in budgets]
+    stats = {m: {"rounds": 0, "accepted": 0, "per_prompt": []} for m in methods}
+    entropy_sum, entropy_n, done = 0.0, 0, 0
     for rec in tqdm(sel, desc="eval", disable=not progress):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        done += 1
         ids = tok(rec["text"]).input_ids
         P = len(ids)
         with warnings.catch_warnings():
@@ -561,18 +646,21 @@ def evaluate_acceptance(
             cont = greedy_continuation(target, ids, max_new_tokens + b, device)
         seq = ids + cont
         out = target(input_ids=torch.tensor([seq], device=device), output_hidden_states=True)
+        logp = torch.log_softmax(out.logits[0, P - 1 : P - 1 + max_new_tokens].float(), dim=-1)  # [N, V]
+        entropy_sum += float(-(logp.exp() * logp).sum())
+        entropy_n += logp.shape[0]
         feats = drafter.extract_context(out.hidden_states)  # [1, len, H]
         starts = list(range(P, P + max_new_tokens))
         logits_all = all_block_logits(drafter, embed, head, seq, feats, starts)  # [N, D, V]
-        for method in ("dflash", "ddtree"):
+        chains = logits_all.argmax(-1).tolist()  # [N][D]
+        for method in methods:
             s, rounds, acc = P, 0, 0
             while s < P + max_new_tokens:
-                logits = logits_all[s - P]  # [D, V]
                 truth = seq[s + 1 : s + b]
                 if method == "dflash":
-                    n = chain_accept_len(logits.argmax(-1).tolist(), truth)
+                    n = chain_accept_len(chains[s - P], truth)
                 else:
-                    n = tree_accept_len(*tree_for(logits, budget), truth)
+                    n = tree_accept_len(*tree_for(logits_all[s - P], int(method[len("ddtree"):])), truth)
                 rounds += 1
                 acc += n
                 s += n + 1
@@ -580,13 +668,15 @@ def evaluate_acceptance(
             st["rounds"] += rounds
             st["accepted"] += acc
             st["per_prompt"].append((acc + rounds) / rounds)
-    result: dict[str, Any] = {"num_prompts": len(sel), "max_new_tokens": max_new_tokens, "budget": budget,
-                              "block_size": b, "temperature": 0.0}
+    result: dict[str, Any] = {"num_prompts": done, "max_new_tokens": max_new_tokens, "budgets": list(budgets),
+                              "block_size": b, "temperature": 0.0,
+                              "target_entropy_on_greedy": round(entropy_sum / max(entropy_n, 1), 4)}
     for m, st in stats.items():
         result[f"{m}_tau"] = round((st["accepted"] + st["rounds"]) / max(st["rounds"], 1), 4)
         result[f"{m}_tau_per_prompt_mean"] = round(sum(st["per_prompt"]) / max(len(st["per_prompt"]), 1), 4)
         result[f"{m}_rounds"] = st["rounds"]
-    result["ddtree_over_dflash"] = round(result["ddtree_tau"] / max(result["dflash_tau"], 1e-9), 4)
+    for B in budgets:
+        result[f"ddtree{B}_over_dflash"] = round(result[f"ddtree{B}_tau"] / max(result["dflash_tau"], 1e-9), 4)
     return result
 
 
@@ -604,14 +694,18 @@ def _file_sha256(path: Path) -> str:
 
 
 def train_pair(
-    out_dir: str | Path, size: str = "small", *, seed: int = 0, device: str = "cpu",
+    out_dir: str | Path, size: str | PairSize = "small", *, seed: int = 0, device: str = "cpu",
     max_minutes: float | None = None, progress: bool = True, evaluate: bool = True,
     label_mode: str = "rollout", num_prompts: int = 200, eval_prompts: int = 32,
 ) -> dict[str, Any]:
-    """Build the whole pair directory; returns the manifest (also written to out_dir/manifest.json)."""
+    """Build the whole pair directory; returns the manifest (also written to out_dir/manifest.json).
+
+    `size`: a preset name of ddtree.models.sizes or a PairSize (e.g. a scaled-down preset for a smoke run)."""
     from transformers import Qwen3ForCausalLM
 
-    spec = get_size(size)
+    from ddtree.models.pair import default_dtype
+
+    spec = size if isinstance(size, PairSize) else get_size(size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(device)
@@ -659,11 +753,16 @@ def train_pair(
     # target
     torch.manual_seed(seed)
     target = Qwen3ForCausalLM(target_config(spec, vocab, special["eos_token_id"])).to(dev)
+    # held-out probes during training only on the GPU, where each costs ~0.1 s (seconds on a CPU)
     t_res = train_target(target, train_stream, spec, seed=seed, device=dev, budget_s=t_budget,
-                         progress=progress, log_file=log_file, autocast=autocast)
-    held_loss = eval_lm_loss(target, held_stream, spec.seq_len, dev)
+                         progress=progress, log_file=log_file, autocast=autocast,
+                         heldout=held_stream if dev.type == "cuda" else None)
+    held_loss, held_entropy = eval_lm(target, held_stream, spec.seq_len, dev)
     target.save_pretrained(str(out / "target"))
     save_tokenizer(tok, out / "target", spec.max_position_embeddings)
+    # The drafter learns the target as the engine runs it on this device (bf16 on CUDA: its features and
+    # greedy text, not those of the fp32 training copy).
+    target.to(default_dtype(dev))
 
     # drafter: the budgets cover preparation too (the size's minutes are the whole wall-clock budget);
     # time the target did not use (it stopped at max_steps) goes to the drafter
@@ -692,7 +791,8 @@ def train_pair(
                     "sha256": _file_sha256(out / "prompts" / "heldout.jsonl")},
         "training": {
             "prep_s": round(prep_s, 2),
-            "target": {**t_res.__dict__, "budget_s": t_budget, "heldout_loss": round(held_loss, 4)},
+            "target": {**t_res.__dict__, "budget_s": t_budget, "heldout_loss": round(held_loss, 4),
+                       "heldout_entropy": round(held_entropy, 4)},
             "drafter": {**d_res.__dict__, **d_info, "budget_s": d_budget, "last_batch_acc_per_pos": d_acc},
             "total_s": round(train_s, 2),
         },
@@ -701,7 +801,7 @@ def train_pair(
     if evaluate:
         from ddtree.models.pair import load_pair
 
-        pair = load_pair(out, device=dev, dtype=torch.float32)
+        pair = load_pair(out, device=dev, dtype=default_dtype(dev))
         threads_before = torch.get_num_threads()
         torch.set_num_threads(d_res.threads)  # what the drafter phase found fastest
         t_eval = time.perf_counter()

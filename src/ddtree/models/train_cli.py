@@ -9,8 +9,10 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--size", choices=("tiny", "small", "large"), default="small",
-                        help="pair size preset (default: small, the embedded pair)")
+    from ddtree.models.sizes import SIZES
+
+    parser.add_argument("--size", choices=tuple(SIZES), default="small",
+                        help="pair size preset (default: small, the embedded pair; gpu: one H200, --device cuda)")
     parser.add_argument("--out", required=True, help="output pair directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")

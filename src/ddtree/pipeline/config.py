@@ -81,6 +81,33 @@ def check_references(config: Mapping[str, Any], available_profiles: Sequence[str
         raise ValueError("budgets: ddtree is among the methods, so at least one budget is needed")
 
 
+def profile_pairs(
+    pairs: Sequence[str], profile_name: str, profile: Mapping[str, Any], model_pairs: Mapping[str, Any]
+) -> list[str]:
+    """The model pairs a hardware profile benchmarks: the configured `pairs`, each replaced by the profile's
+    `replace_pairs` entry if it has one (config order, no duplicates)."""
+    replace = dict(profile.get("replace_pairs") or {})
+    for old, new in replace.items():
+        if new not in model_pairs:
+            raise ValueError(f"hardware profile {profile_name!r}: replace_pairs {old!r} -> {new!r}: {new!r} is not "
+                             f"defined under 'model_pairs'")
+    out: list[str] = []
+    for pair in pairs:
+        chosen = replace.get(pair, pair)
+        if chosen not in out:
+            out.append(chosen)
+    return out
+
+
+def train_profile(pair_name: str, pair: Mapping[str, Any], available_profiles: Sequence[str]) -> str:
+    """The hardware profile whose device and resources train an embedded pair (`train_profile`, default cpu)."""
+    name = pair.get("train_profile") or "cpu"
+    if name not in available_profiles:
+        raise ValueError(f"model_pairs: {pair_name!r}: train_profile {name!r} is unknown: no config/hardware/"
+                         f"{name}.yaml")
+    return name
+
+
 def check_hardware_profile(name: str, profile: Mapping[str, Any]) -> None:
     """Semantic checks a schema cannot express."""
     if profile["engine"] == "reference" and int(profile["tensor_parallel_size"]) != 1:
