@@ -1,0 +1,152 @@
+"""Feeding requests from many threads into one engine: continuous batching for `BatchedEngine`, one request at
+a time for the Hugging Face engine. Both run the engine in one daemon thread (the engine is not thread-safe)
+and hand results back as `concurrent.futures.Future`s.
+
+Batching policy: requests are admitted in arrival order as long as the head of the queue decodes with the
+batch's (method, budget) and a row is free; a finished request frees its row at once and the next one is
+prefilled before the following round. A head with another (method, budget) waits until the batch drains,
+so no request waits behind later arrivals.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from ddtree.engine.types import GenerationOutput, GenerationRequest
+
+log = logging.getLogger("ddtree.scheduler")
+
+TokenCallback = Callable[[list[int]], None]
+
+
+@dataclass
+class Job:
+    request: GenerationRequest
+    method: str | None
+    budget: int | None
+    on_tokens: TokenCallback | None
+    future: Future
+    submitted_at: float
+    started_at: float | None = None  # when decoding of this request began (prefill), perf_counter seconds
+
+
+class _Scheduler:
+    """Inbox and decoding thread; subclasses define `_loop`."""
+
+    def __init__(self, engine, name: str) -> None:
+        self.engine = engine
+        self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, request: GenerationRequest, *, method: str | None = None, budget: int | None = None,
+               on_tokens: TokenCallback | None = None) -> Job:
+        job = Job(request, method, budget, on_tokens, Future(), time.perf_counter())
+        self._inbox.put(job)
+        return job
+
+    def stop(self) -> None:
+        self._inbox.put(None)
+
+
+class SerialScheduler(_Scheduler):
+    """One request at a time through `engine.generate` (engines without a batch API)."""
+
+    def __init__(self, engine, name: str = "ddtree-decode") -> None:
+        super().__init__(engine, name)
+
+    def _loop(self) -> None:
+        while (job := self._inbox.get()) is not None:
+            if not job.future.set_running_or_notify_cancel():
+                continue
+            job.started_at = time.perf_counter()
+            try:
+                job.future.set_result(self.engine.generate(job.request, method=job.method, budget=job.budget,
+                                                           on_tokens=job.on_tokens))
+            except BaseException as exc:  # handed to the waiting request
+                job.future.set_exception(exc)
+
+
+class BatchScheduler(_Scheduler):
+    """Continuous batching over a `BatchedEngine` (admit between rounds, free rows as requests finish)."""
+
+    def __init__(self, engine, name: str = "ddtree-batch") -> None:
+        self._waiting: deque[Job] = deque()
+        self._running: dict[int, Job] = {}  # id(engine entry) -> job
+        self._stopping = False
+        super().__init__(engine, name)
+
+    def _key(self, job: Job) -> tuple[str, int]:
+        method = job.method or self.engine.method
+        return method, job.budget or self.engine.budget
+
+    def _drain_inbox(self, block: bool) -> None:
+        while True:
+            try:
+                job = self._inbox.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if job is None:
+                self._stopping = True
+                return
+            self._waiting.append(job)
+
+    def _admit(self) -> None:
+        engine = self.engine
+        while self._waiting:
+            job = self._waiting[0]
+            method, budget = self._key(job)
+            if not engine.can_admit(method, budget):
+                return
+            self._waiting.popleft()
+            if not job.future.set_running_or_notify_cancel():
+                continue
+            job.started_at = time.perf_counter()
+            try:
+                entry = engine.admit(job.request, method=method, budget=budget, on_tokens=job.on_tokens)
+            except BaseException as exc:  # a request the engine refuses fails alone
+                job.future.set_exception(exc)
+                continue
+            if entry.output is not None:  # finished with its first token
+                job.future.set_result(entry.output)
+            else:
+                self._running[id(entry)] = job
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._drain_inbox(block=not self._running and not self._waiting)
+            if self._stopping:
+                break
+            self._admit()
+            if not self._running:
+                continue
+            try:
+                finished = self.engine.step()
+            except BaseException as exc:  # every request of the batch fails; the engine is reset
+                log.exception("decoding round failed; failing %d requests", len(self._running))
+                self.engine.cancel_all(exc)
+                for job in self._running.values():
+                    job.future.set_exception(exc)
+                self._running.clear()
+                continue
+            for entry in finished:
+                self._running.pop(id(entry)).future.set_result(entry.output)
+        error = RuntimeError("the decoding scheduler stopped")
+        for job in [*self._running.values(), *self._waiting]:
+            if not job.future.done():
+                job.future.set_exception(error)
+
+
+def make_scheduler(engine) -> _Scheduler:
+    """Continuous batching when the engine has a batch API, else one request at a time."""
+    if hasattr(engine, "admit") and hasattr(engine, "step"):
+        return BatchScheduler(engine)
+    return SerialScheduler(engine)
