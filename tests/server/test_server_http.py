@@ -345,3 +345,51 @@ def test_sigterm_stops_the_server_within_seconds(tiny_pair: Path, tmp_path: Path
         assert "Shutting down" in (tmp_path / "server.log").read_text()
     finally:
         stop_server(srv)
+
+
+def test_a_decoding_failure_is_a_500_and_the_next_request_succeeds(tiny_pair: Path) -> None:
+    """A real engine whose embedding of one token is NaN: a prompt holding that token gets non-finite
+    logits, which the sampler refuses inside decoding. That is the server's failure, not the client's."""
+    import threading
+
+    import torch
+    import uvicorn
+
+    from ddtree.engine import DecodingEngine
+    from ddtree.models import load_pair
+    from ddtree.server.app import create_app
+
+    pair = load_pair(tiny_pair, device="cpu", dtype=None)
+    engine = DecodingEngine(pair, method="ddtree", budget=BUDGET, device="cpu")
+    good = GenerationRequest(input_ids=[5, 6, 7], max_new_tokens=4, temperature=0.0)
+    used = {*good.input_ids, *engine.generate(good).output_ids, engine.mask_token_id, pair.tokenizer.eos_token_id}
+    # a token the good request never embeds, which a text prompt can hold (it survives decode + encode)
+    poisoned = next(t for t in range(100, engine.vocab_size) if t not in used
+                    and pair.tokenizer.encode(pair.tokenizer.decode([t])) == [t])
+    embed = pair.target.get_input_embeddings()
+    with torch.no_grad():  # untied first: the output head keeps finite weights
+        embed.weight = torch.nn.Parameter(embed.weight.clone())
+        embed.weight[poisoned] = float("nan")
+    app = create_app(engine, pair.tokenizer, method="ddtree", budget=BUDGET, model_name="poisoned")
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_health(url, 60)
+        sampled = {"max_new_tokens": 4, "temperature": 1.0, "sampling_seed": 0}
+        for path, body in (("/generate", {"input_ids": [poisoned, 5], "sampling_params": sampled}),
+                           ("/generate", {"input_ids": [poisoned, 5], "sampling_params": sampled, "stream": True}),
+                           ("/v1/completions", {"prompt": pair.tokenizer.decode([poisoned]), "max_tokens": 4,
+                                                "temperature": 1.0})):
+            failed = post(url, path, body)
+            assert failed.status_code == 500, failed.text
+            error = failed.json()["error"]
+            assert error["type"] == "internal_error" and "non-finite" in error["message"]
+            ok = post(url, "/generate", {"input_ids": good.input_ids, "sampling_params": {
+                "max_new_tokens": 4, "temperature": 0.0}})
+            assert ok.status_code == 200 and len(ok.json()["output_ids"]) >= 1
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
