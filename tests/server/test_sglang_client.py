@@ -113,3 +113,23 @@ def test_bench_serving_over_openai_completions(server: ServerProcess, prompt_fil
     assert result["mean_tpot_ms"] > 0 and result["mean_itl_ms"] > 0
     assert result["mean_ttft_ms"] < result["mean_e2e_latency_ms"]
     assert sorted(result["generated_texts"]) == sorted(greedy(server.url, t)["text"] for t in texts)
+
+
+def test_the_pipelines_sglang_bench_phase_runs_and_resumes(server: ServerProcess, prompt_files,
+                                                           tmp_path: Path) -> None:
+    from ddtree.bench.sglang_client import bench_serving_command, format_summary, run_sglang_bench
+
+    _, pipeline_prompts, _ = prompt_files
+    out = tmp_path / "records" / "sglang_bench.jsonl"
+    kwargs = {"concurrency": [1], "num_prompts": 4, "output_len": 16, "out": out,
+              "variant": {"name": "greedy", "temperature": 0.0, "top_k": -1, "top_p": 1.0}}
+    first = run_sglang_bench(server.url, pipeline_prompts, **kwargs)
+    level = first["levels"][1]
+    assert first["errors"] == 0 and not level["resumed"]
+    assert level["completed"] == 4 and level["total_output_tokens"] == 4 * 16 and level["mean_tpot_ms"] > 0
+    assert "TPOT ms" in format_summary(first)
+    again = run_sglang_bench(server.url, pipeline_prompts, **kwargs)  # the level is on file: not rerun
+    assert again["levels"][1]["resumed"] and len(out.read_text().splitlines()) == 1
+    with pytest.raises(ValueError, match="top_k"):
+        bench_serving_command(server.url, "d", num_prompts=1, output_len=4, concurrency=1, out="o",
+                              variant={"name": "t1-k20", "temperature": 1.0, "top_k": 20})
