@@ -217,7 +217,8 @@ def test_unsupported_completion_fields_are_refused_unless_neutral(name: str) -> 
 
 def test_a_bool_is_not_taken_for_a_neutral_number() -> None:
     assert field_of({"text": "a", "sampling_params": {"min_p": False}}) == "sampling_params.min_p"
-    assert field_of({"text": "a", "sampling_params": {"repetition_penalty": True}}) == "sampling_params.repetition_penalty"
+    penalty = {"text": "a", "sampling_params": {"repetition_penalty": True}}
+    assert field_of(penalty) == "sampling_params.repetition_penalty"
 
 
 def test_sglang_bench_serving_payload_is_accepted() -> None:
