@@ -14,6 +14,8 @@ pip apache-tvm-ffi==0.1.11 transformers==5.19.0 dill==0.4.1 sentencepiece==0.2.1
     openai==2.8.0 partial_json_parser einops==0.8.2 setproctitle==1.3.8 uvicorn==0.54.0 fastapi==0.165.0
 pip --no-deps compressed-tensors==0.18.0 xgrammar==0.2.7
 pip uvloop==0.23.0 jsonschema==4.26.0 soundfile==0.13.1 python-multipart==0.0.34
+# sglang.bench_serving imports `datasets` (for datasets it downloads; the tests use local files only)
+pip --no-deps datasets==5.2.0 xxhash==4.1.0 multiprocess==0.70.19
 python - <<'PY'
 import sglang, torch, torchvision, transformers
 print(f"sglang {sglang.__version__} on torch {torch.__version__}, torchvision {torchvision.__version__}, "

@@ -114,6 +114,18 @@ def test_build_plan_matches_contract(tmp_path):
                    server_log="s")
 
 
+def test_sglang_bench_serving_switch_adds_a_phase_on_the_throughput_requests(tmp_path):
+    config = {**CONFIG, "throughput": {**CONFIG["throughput"], "sglang_bench_serving": True}}
+    plan = build_plan(config, "cpu", PROFILE, "embedded-small", "ddtree-b8", model_dir="m", prompts="p.jsonl",
+                      num_prompts=4, out_dir=str(tmp_path), server_log="s.log")
+    assert plan["sglang_bench"] == {"concurrency": [1, 2], "num_prompts": 4, "output_len": 16,
+                                    "variant": plan["throughput"]["variant"]}
+    assert plan["out"]["sglang_bench"] == str(tmp_path / "records" / "sglang_bench.jsonl")
+    off = build_plan(CONFIG, "cpu", PROFILE, "embedded-small", "ddtree-b8", model_dir="m", prompts="p.jsonl",
+                     num_prompts=4, out_dir=str(tmp_path), server_log="s.log")
+    assert "sglang_bench" not in off and "sglang_bench" not in off["out"]  # off unless asked for
+
+
 def test_stale_records_are_reset_and_matching_ones_kept(tmp_path):
     manifest = tmp_path / "manifest.json"
     manifest.write_text('{"seed": 0}')

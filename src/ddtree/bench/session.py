@@ -26,6 +26,8 @@ from typing import Any
 from ddtree.bench.acceptance import format_summary as format_acceptance
 from ddtree.bench.acceptance import run_acceptance
 from ddtree.bench.http_client import get_json, setup_logging, wait_for_health
+from ddtree.bench.sglang_client import format_summary as format_sglang_bench
+from ddtree.bench.sglang_client import run_sglang_bench
 from ddtree.bench.throughput import format_summary as format_throughput
 from ddtree.bench.throughput import run_throughput
 from ddtree.engine.types import METHODS
@@ -84,7 +86,7 @@ def check_plan(plan: Any) -> dict[str, Any]:
     out = _require(plan, "out", "plan")
     if "acceptance" not in plan and "throughput" not in plan:
         raise ValueError("plan: needs `acceptance`, `throughput` or both")
-    for phase in ("acceptance", "throughput"):
+    for phase in ("acceptance", "throughput", "sglang_bench"):
         if phase in plan:
             _require(out, phase, "out")
     _require(out, "summary", "out")
@@ -252,6 +254,13 @@ def run_phases(plan: Mapping[str, Any], url: str, summary: dict[str, Any]) -> No
             max_new_tokens=int(thr.get("max_new_tokens", 128)), variant=thr.get("variant"), tags=tags,
             out=plan["out"]["throughput"],
         )
+    if "sglang_bench" in plan:  # optional: SGLang's own client on the same prompts and lengths
+        sgl = plan["sglang_bench"]
+        summary["sglang_bench"] = run_sglang_bench(
+            url, plan["prompts"], concurrency=[int(c) for c in sgl.get("concurrency", [1])],
+            num_prompts=int(sgl.get("num_prompts", 8)), output_len=int(sgl.get("output_len", 128)),
+            variant=sgl.get("variant") or {"name": "greedy", "temperature": 0.0}, out=plan["out"]["sglang_bench"],
+        )
 
 
 def write_summary(path: str | Path, summary: Mapping[str, Any]) -> None:
@@ -323,6 +332,8 @@ def run(args: argparse.Namespace) -> int:
         print(format_acceptance(summary["acceptance"]), file=sys.stderr)
     if summary.get("throughput"):
         print(format_throughput(summary["throughput"]), file=sys.stderr)
+    if summary.get("sglang_bench"):
+        print(format_sglang_bench(summary["sglang_bench"]), file=sys.stderr)
     requests, errors = request_counts(summary)
     print(json.dumps({"status": summary["status"], "requests": requests, "errors": errors,
                       "summary": plan["out"]["summary"]}))

@@ -179,7 +179,7 @@ def build_plan(
     throughput = config["throughput"]
     # ar and dflash ignore the budget; the server still gets a valid integer.
     server_budget = budget if budget is not None else int(min(config["budgets"] or [1]))
-    return {
+    plan: dict[str, Any] = {
         "server": {
             "engine": profile["engine"],
             "model": str(model_dir),
@@ -214,6 +214,16 @@ def build_plan(
             "summary": str(out / "records" / "session.json"),
         },
     }
+    if throughput.get("sglang_bench_serving", False):
+        # SGLang's own client on the throughput phase's requests (skipped where sglang is not installed)
+        plan["sglang_bench"] = {
+            "concurrency": plan["throughput"]["concurrency"],
+            "num_prompts": plan["throughput"]["num_requests"],
+            "output_len": plan["throughput"]["max_new_tokens"],
+            "variant": plan["throughput"]["variant"],
+        }
+        plan["out"]["sglang_bench"] = str(out / "records" / "sglang_bench.jsonl")
+    return plan
 
 
 def plan_fingerprint(plan: Mapping[str, Any], model_manifest: str | Path) -> str:
@@ -233,7 +243,7 @@ def reset_stale_records(plan: Mapping[str, Any], fingerprint: str) -> list[str]:
     The fingerprint is stored beside the records; returns the paths that were removed.
     """
     out = plan["out"]
-    records = [Path(out[k]) for k in ("acceptance", "throughput") if k in out]
+    records = [Path(out[k]) for k in ("acceptance", "throughput", "sglang_bench") if k in out]
     stamp = records[0].parent / "fingerprint.txt" if records else Path(out["summary"]).parent / "fingerprint.txt"
     previous = stamp.read_text().strip() if stamp.is_file() else None
     removed: list[str] = []

@@ -23,6 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model pair directory (target/, drafter/)")
     parser.add_argument("--method", default="ddtree", help=f"decoding method: {', '.join(METHODS)}")
     parser.add_argument("--budget", type=int, default=64, help="draft tree node budget (ddtree)")
+    parser.add_argument(
+        "--max-budget", type=int, default=None,
+        help="largest per-request `budget` override accepted (default: --budget); larger ones get a 400",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--device", default="cpu")
@@ -41,6 +45,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"ddtree serve: unknown --method {args.method!r}; expected one of {', '.join(METHODS)}")
     if args.budget < 1:
         raise SystemExit(f"ddtree serve: --budget must be >= 1, got {args.budget}")
+    if args.max_budget is not None and args.max_budget < args.budget:
+        raise SystemExit(f"ddtree serve: --max-budget ({args.max_budget}) must be >= --budget ({args.budget})")
     if args.dtype not in DTYPES:
         raise SystemExit(f"ddtree serve: unknown --dtype {args.dtype!r}; expected one of {', '.join(DTYPES)}")
     if not 0 <= args.port < 65536:
@@ -88,7 +94,9 @@ def build_app(args: argparse.Namespace) -> Any:
         pair.tokenizer,
         method=args.method,
         budget=args.budget,
+        max_budget=args.max_budget,
         model_name=str(args.model),
+        tokenizer_path=str(Path(args.model) / "target"),  # where the pair keeps its tokenizer
         device=args.device,
         dtype=args.dtype,
         vocab_size=_model_vocab_size(pair),
