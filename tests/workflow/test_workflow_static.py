@@ -173,10 +173,13 @@ def test_readme_has_exactly_two_quick_start_commands_and_ci_runs_the_test_one():
     main, tests = commands
     assert "snakemake --cores all" in main and "pytest" in tests
     ci = (REPO / ".ci" / "run").read_text()
-    assert "set -euo pipefail" in ci and "python -m pip install torch==2.13.0" in ci
+    # the pinned torch and sglang for the CPU come first (the sglang tests run against the real package)
+    assert "set -euo pipefail" in ci and "bash .ci/install-sglang-cpu.sh" in ci
     lines = [line for line in ci.splitlines() if line and not line.startswith("#")]
     assert lines[-1] == tests
-    assert lines.index("python -m pip install torch==2.13.0") < lines.index(tests)
+    assert lines.index("bash .ci/install-sglang-cpu.sh") < lines.index(tests)
+    install = (REPO / ".ci" / "install-sglang-cpu.sh").read_text()
+    assert "torch==2.14.1" in install and "sglang==0.5.23" in install
 
 
 def test_h200_profile_benchmarks_the_gpu_pair_trained_on_its_gpu(workdir):

@@ -78,6 +78,7 @@ class _Active:
     expected: list[float] = field(default_factory=list)
     stage_times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     output: GenerationOutput | None = None
+    error: BaseException | None = None  # raised by its on_tokens callback (e.g. the client went away)
 
 
 class _Stage:
@@ -148,7 +149,8 @@ class BatchedEngine:
         self.block_size = self.drafter.block_size if self.drafter is not None else 1
         limit = target.shape.max_position_embeddings
         self.max_seq_len = round_up(min(max_seq_len or 4096, limit), 16)
-        self.max_context = self.max_seq_len
+        # prompt + max_new_tokens the server may accept: the round's working rows (tree + block) come on top
+        self.max_context = self.max_seq_len - (self.budget + 1 + self.block_size)
         self.max_batch = int(max_batch)
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -351,9 +353,14 @@ class BatchedEngine:
         return append
 
     def _emit(self, entry: _Active, tokens: list[int]) -> None:
+        """Apply the stop rules, then stream. A callback that raises ends that request alone (its `error`)."""
         kept = entry.append(entry.state, tokens)
         if entry.on_tokens is not None and kept:
-            entry.on_tokens(entry.state.output_ids[-kept:])
+            try:
+                entry.on_tokens(entry.state.output_ids[-kept:])
+            except Exception as exc:
+                entry.error = exc
+                entry.state.finish_reason = entry.state.finish_reason or "abort"
 
     def _variant(self) -> Variant:
         reqs = [e.request for e in self._active]

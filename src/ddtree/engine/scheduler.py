@@ -116,7 +116,7 @@ class BatchScheduler(_Scheduler):
                 job.future.set_exception(exc)
                 continue
             if entry.output is not None:  # finished with its first token
-                job.future.set_result(entry.output)
+                _settle(job, entry)
             else:
                 self._running[id(entry)] = job
 
@@ -138,11 +138,18 @@ class BatchScheduler(_Scheduler):
                 self._running.clear()
                 continue
             for entry in finished:
-                self._running.pop(id(entry)).future.set_result(entry.output)
+                _settle(self._running.pop(id(entry)), entry)
         error = RuntimeError("the decoding scheduler stopped")
         for job in [*self._running.values(), *self._waiting]:
             if not job.future.done():
                 job.future.set_exception(error)
+
+
+def _settle(job: Job, entry) -> None:
+    if entry.error is not None:
+        job.future.set_exception(entry.error)
+    else:
+        job.future.set_result(entry.output)
 
 
 def make_scheduler(engine) -> _Scheduler:

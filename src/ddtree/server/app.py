@@ -1,8 +1,9 @@
 """FastAPI app of the reference server, speaking SGLang's HTTP dialect.
 
-Decoding runs one request at a time in a single daemon worker thread fed by a FIFO queue:
-concurrent requests are all accepted and served in arrival order, the event loop stays free
-(health answers while decoding), and a stuck decode never blocks process exit on SIGTERM.
+Decoding runs in one daemon thread (`ddtree.engine.scheduler`): with the batched engine, concurrent
+requests are decoded together (continuous batching, admitted in arrival order); with the Hugging Face
+engine, one at a time in arrival order. The event loop stays free (health answers while decoding), and
+a stuck decode never blocks process exit on SIGTERM.
 Streaming responses are fed by the engine's per-round `on_tokens` callback (streaming.py), so
 they do not depend on how the worker schedules requests.
 """
@@ -14,8 +15,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import queue
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 import ddtree
+from ddtree.engine.scheduler import make_scheduler
 from ddtree.engine.types import METHODS, GenerationOutput, GenerationRequest
 from ddtree.server.protocol import (
     Limits,
@@ -45,7 +45,7 @@ log = logging.getLogger("ddtree.server")
 
 
 class EngineLike(Protocol):
-    """What the server needs from `ddtree.engine.DecodingEngine`."""
+    """What the server needs from an engine (`ddtree.engine.make_engine`); the scheduler drives it."""
 
     max_context: int
 
@@ -59,45 +59,6 @@ class EngineLike(Protocol):
     ) -> GenerationOutput: ...
 
 
-class SerialWorker:
-    """One daemon thread running submitted calls in FIFO order; results come back as asyncio futures."""
-
-    def __init__(self, name: str = "ddtree-decode") -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future] | None]
-        self._jobs = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            fn, loop, future = job
-            if future.cancelled():  # its request is gone (shutdown): do not decode for nobody
-                continue
-            try:
-                result, error = fn(), None
-            except BaseException as exc:  # handed to the awaiting request
-                result, error = None, exc
-            loop.call_soon_threadsafe(_settle, future, result, error)
-
-    async def run(self, fn: Callable[[], Any]) -> Any:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._jobs.put((fn, loop, future))
-        return await future
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-
-
-def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if future.cancelled():  # the client went away or the server is shutting down
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
 @dataclass
 class ServerState:
     engine: EngineLike
@@ -109,7 +70,7 @@ class ServerState:
     device: str
     dtype: str
     limits: Limits
-    worker: SerialWorker
+    worker: Any  # ddtree.engine.scheduler scheduler: submit(request, method=, budget=, on_tokens=) -> Job
     created: int  # when the model was loaded (unix seconds), for /v1/models
     accept_length_sum: float = 0.0  # over finished speculative requests, for avg_spec_accept_length
     finished: int = 0
@@ -209,38 +170,33 @@ def build_meta_info(
 
 @dataclass
 class Generation:
-    """One sample of a request, queued on the decode worker."""
+    """One sample of a request, queued on the decoding scheduler."""
 
     task: asyncio.Future  # -> GenerationOutput
     arrival: float  # perf_counter
-    started: list[float]  # [when decoding began], filled by the worker
+    job: Any  # the scheduler's Job: started_at is set when decoding begins
     tokens: TokenStream | None  # chunks as rounds commit them (streaming only)
 
     def timings(self) -> tuple[float, float]:
         """(queue wait, e2e latency so far), both from arrival."""
         now = time.perf_counter()
-        return (self.started[0] if self.started else now) - self.arrival, now - self.arrival
+        started = self.job.started_at
+        return (started if started is not None else now) - self.arrival, now - self.arrival
 
 
 def start_generation(state: ServerState, parsed: ParsedGenerate, index: int = 0, *, stream: bool = False) -> Generation:
     """Queue sample `index` of `parsed` (its own seed when n > 1); with `stream`, its tokens flow
-    into `Generation.tokens` as the engine commits them."""
+    into `Generation.tokens` as the engine commits them. The result and the chunks both reach the event
+    loop through call_soon_threadsafe from the decoding thread, so the result never overtakes a chunk."""
     request = dataclasses.replace(parsed.request, seed=sample_seed(parsed.request.seed, index))
     tokens = TokenStream(asyncio.get_running_loop()) if stream else None
-    started: list[float] = []
-
-    def job() -> GenerationOutput:
-        started.append(time.perf_counter())
-        return state.engine.generate(
-            request, method=parsed.method or state.method, budget=parsed.budget or state.budget,
-            on_tokens=tokens.on_tokens if tokens is not None else None,
-        )
-
     arrival = time.perf_counter()
-    task = asyncio.ensure_future(state.worker.run(job))
+    job = state.worker.submit(request, method=parsed.method or state.method, budget=parsed.budget or state.budget,
+                              on_tokens=tokens.on_tokens if tokens is not None else None)
+    task = asyncio.wrap_future(job.future)  # cancelling it drops a request that has not started
     if tokens is not None:
         task.add_done_callback(tokens.settle)
-    return Generation(task=task, arrival=arrival, started=started, tokens=tokens)
+    return Generation(task=task, arrival=arrival, job=job, tokens=tokens)
 
 
 async def run_all(state: ServerState, parsed: ParsedGenerate) -> list[tuple[GenerationOutput, float, float]]:
@@ -364,7 +320,7 @@ def create_app(
         dtype=dtype,
         limits=Limits(max_context=max_context, vocab_size=infer_vocab_size(engine, tokenizer, vocab_size),
                       max_budget=max_budget, methods=methods),
-        worker=SerialWorker(),
+        worker=make_scheduler(engine),
         created=int(time.time()),
         extra_info=dict(extra_info or {}),
     )

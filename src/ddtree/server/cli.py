@@ -27,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-budget", type=int, default=None,
         help="largest per-request `budget` override accepted (default: --budget); larger ones get a 400",
     )
+    parser.add_argument("--max-batch", type=int, default=8,
+                        help="requests decoded together (continuous batching; Qwen3/Qwen2/Llama-layout targets)")
+    parser.add_argument("--max-seq-len", type=int, default=None,
+                        help="per-request cache capacity in tokens: prompt + max_new_tokens + the round's working "
+                             "rows (default min(4096, the model's context))")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--device", default="cpu")
@@ -49,6 +54,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"ddtree serve: --max-budget ({args.max_budget}) must be >= --budget ({args.budget})")
     if args.dtype not in DTYPES:
         raise SystemExit(f"ddtree serve: unknown --dtype {args.dtype!r}; expected one of {', '.join(DTYPES)}")
+    if args.max_batch < 1:
+        raise SystemExit(f"ddtree serve: --max-batch must be >= 1, got {args.max_batch}")
     if not 0 <= args.port < 65536:
         raise SystemExit(f"ddtree serve: --port must be in [0, 65535], got {args.port}")
     if not Path(args.model).is_dir():
@@ -61,14 +68,6 @@ def _load_pair(path: str, device: str, dtype: Any) -> Any:
         if hasattr(module, "load_pair"):
             return module.load_pair(path, device=device, dtype=dtype)
     raise SystemExit("ddtree serve: ddtree.models.load_pair is not available")
-
-
-def _engine_class() -> Any:
-    for module_name in ("ddtree.engine", "ddtree.engine.engine"):
-        module = importlib.import_module(module_name)
-        if hasattr(module, "DecodingEngine"):
-            return module.DecodingEngine
-    raise SystemExit("ddtree serve: ddtree.engine.DecodingEngine is not available")
 
 
 def _model_vocab_size(pair: Any) -> int | None:
@@ -88,7 +87,12 @@ def build_app(args: argparse.Namespace) -> Any:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     pair = _load_pair(args.model, args.device, dtype)
-    engine = _engine_class()(pair, method=args.method, budget=args.budget, device=args.device, dtype=dtype)
+    from ddtree.engine.batched import make_engine
+
+    engine = make_engine(pair, method=args.method, budget=args.budget, device=args.device, dtype=dtype,
+                         max_batch=args.max_batch, max_seq_len=args.max_seq_len)
+    if hasattr(engine, "warmup"):  # CUDA graphs of every batch bucket, captured before the first request
+        engine.warmup([(args.method, args.budget)] + ([("ar", 1)] if args.method != "ar" else []))
     return create_app(
         engine,
         pair.tokenizer,
