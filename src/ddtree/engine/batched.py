@@ -231,18 +231,19 @@ class BatchedEngine:
         method = self.method if method is None else method
         budget = self.budget if budget is None else budget
         callbacks = on_tokens or [None] * len(requests)
-        waiting = list(zip(requests, callbacks))
+        waiting = list(enumerate(zip(requests, callbacks)))
         done: dict[int, GenerationOutput] = {}
-        ids: dict[int, int] = {}
+        index_of: dict[int, int] = {}  # id(entry) -> request index, for entries still in the batch
         while waiting or self._active:
             while waiting and self.can_admit(method, budget):
-                request, callback = waiting.pop(0)
+                index, (request, callback) = waiting.pop(0)
                 entry = self.admit(request, method=method, budget=budget, on_tokens=callback)
-                ids[id(entry)] = len(ids)
                 if entry.output is not None:  # finished with its first token
-                    done[ids[id(entry)]] = entry.output
+                    done[index] = entry.output
+                else:
+                    index_of[id(entry)] = index
             for entry in self.step():
-                done[ids[id(entry)]] = entry.output
+                done[index_of.pop(id(entry))] = entry.output
         return [done[i] for i in range(len(requests))]
 
     # ------------------------------------------------------------------------------ batch control
