@@ -41,7 +41,12 @@ def _load_profile(name):
 
 HARDWARE = {name: _load_profile(name) for name in config["hardware"]}
 PAIRS = {name: config["model_pairs"][name] for name in config["pairs"]}
-EMBEDDED_PAIRS = [name for name, pair in PAIRS.items() if pair["source"] == "embedded"]
+EMBEDDED_PAIRS = [
+    name for name, pair in PAIRS.items() if pair["source"] == "embedded" and pair.get("weights", "train") == "train"
+]
+SHIPPED_PAIRS = [
+    name for name, pair in PAIRS.items() if pair["source"] == "embedded" and pair.get("weights", "train") == "shipped"
+]
 HUB_PAIRS = [name for name, pair in PAIRS.items() if pair["source"] == "hub"]
 DATASETS = {name: config["dataset_catalog"][name] for name in config["datasets"]}
 HUB_DATASETS = [name for name, ds in DATASETS.items() if ds["source"] == "hub"]
@@ -75,6 +80,7 @@ wildcard_constraints:
     profile=names_regex(config["hardware"]),
     pair=names_regex(config["pairs"]),
     embedded_pair=names_regex(EMBEDDED_PAIRS),
+    shipped_pair=names_regex(SHIPPED_PAIRS),
     hub_pair=names_regex(HUB_PAIRS),
     dataset=names_regex(HUB_DATASETS),
     run=names_regex(RUNS),
@@ -214,6 +220,10 @@ def res_mem_mb(wildcards):
 def res_runtime(wildcards):
     return int(_resources(wildcards)["runtime_min"])
 
+
+
+def shipped_pair_spec(wildcards):
+    return PAIRS[wildcards.shipped_pair]
 
 
 def hub_pair_spec(wildcards):
