@@ -50,7 +50,7 @@ SHIPPED_PAIRS = [
 HUB_PAIRS = [name for name, pair in PAIRS.items() if pair["source"] == "hub"]
 DATASETS = {name: config["dataset_catalog"][name] for name in config["datasets"]}
 HUB_DATASETS = [name for name, ds in DATASETS.items() if ds["source"] == "hub"]
-RUNS = pipeline_config.run_ids(config["methods"], config["budgets"])
+RUNS = pipeline_config.run_ids(config["methods"], config["budgets"]) + pipeline_config.power_panel_runs(config)
 for _name, _profile in HARDWARE.items():
     _note = pipeline_config.unsupported_note(_name, _profile, config["methods"])
     if _note:
@@ -123,7 +123,7 @@ def all_summaries():
 
 
 TABLES = ["acceptance", "accept_hist", "throughput", "stages", "speedup", "greedy_match", "sampling_test",
-          "environment"]
+          "acceptance_test", "environment"]
 
 
 def table_files():

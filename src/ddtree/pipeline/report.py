@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 TABLE_NAMES = ("acceptance", "accept_hist", "throughput", "stages", "speedup", "greedy_match", "sampling_test",
-               "environment")
+               "acceptance_test", "environment")
 STAGE_ORDER = ["draft", "tree_build", "tree_compile", "verify", "commit"]
 
 

@@ -156,6 +156,8 @@ def build_meta_info(
         # expected tokens per round incl. the bonus, the variance-free counterpart of tau
         "spec_expected_accept_length": (1.0 + sum(expected) / len(expected)) if expected else None,
         "stage_times": {k: float(v) for k, v in output.stage_times.items()},
+        # per round, nats: the target's processed next-token entropy at the round's root (speculative methods)
+        "entropies": [float(x) for x in getattr(output, "entropies", [])],
         # the engine reports what it actually ran (budget 0 for ar, the chain length for dflash)
         "method": getattr(output, "method", "") or parsed.method or state.method,
         "budget": getattr(output, "budget", 0) if getattr(output, "method", "") else parsed.budget or state.budget,

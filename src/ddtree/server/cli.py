@@ -32,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch intra-op CPU threads (default: torch's). Decoding runs in a worker thread; on small CPU "
         "models one thread avoids two OpenMP teams contending for the cores",
     )
+    parser.add_argument("--verifier", default="exact",
+                        help="sampling verifier (ddtree.core.lossy_verifiers); anything but 'exact' is LOSSY, "
+                             "for the report's power panel only")
+    parser.add_argument("--tree-sampling", action="store_true",
+                        help="build sampled requests' trees on the drafter marginals processed like the target's")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -82,7 +87,8 @@ def build_app(args: argparse.Namespace) -> Any:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     pair = _load_pair(args.model, args.device, dtype)
-    engine = _engine_class()(pair, method=args.method, budget=args.budget, device=args.device, dtype=dtype)
+    engine = _engine_class()(pair, method=args.method, budget=args.budget, device=args.device, dtype=dtype,
+                             verifier=args.verifier, tree_sampling=args.tree_sampling)
     return create_app(
         engine,
         pair.tokenizer,
