@@ -51,9 +51,12 @@ def acceptance_z_test(accepted: Sequence[float], expected: Sequence[float], *, a
     base = {"rounds": n, "observed": float(np.mean(accepted)) if n else float("nan"),
             "expected": float(np.mean(expected)) if n else float("nan"), "alpha": alpha}
     sd = float(d.std(ddof=1)) if n > 1 else 0.0
-    if n < 2 or sd == 0.0:
-        return {**base, "z": 0.0, "p_value": 1.0, "reject": False,
-                "detectable_bias": float("nan") if n < 2 else 0.0}
+    if n < 2:
+        return {**base, "z": 0.0, "p_value": 1.0, "reject": False, "detectable_bias": float("nan")}
+    if sd == 0.0:  # every round differs by the same amount: any nonzero difference is certain
+        shift = float(d.mean())
+        return {**base, "z": 0.0 if shift == 0 else math.copysign(math.inf, shift),
+                "p_value": 1.0 if shift == 0 else 0.0, "reject": shift != 0, "detectable_bias": 0.0}
     z = float(d.mean() / (sd / math.sqrt(n)))
     p_value = float(2.0 * norm.sf(abs(z)))
     detectable = (norm.isf(alpha / 2) + norm.ppf(power)) * sd / math.sqrt(n)
