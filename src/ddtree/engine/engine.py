@@ -319,6 +319,7 @@ class DecodingEngine:
             else:
                 result = self._verify_sampling(tree, logits, params, generator=generator, max_depth=depth_max)
             clock.lap("verify")
+            entropy_dev.append(processed_entropy(logits[:, 0], params))  # the target's next-token entropy
 
             # 5. commit
             done = commit(tree, result)
@@ -337,7 +338,6 @@ class DecodingEngine:
             del out, logits
             accept_lens.append(kept - 1)
             expected_dev.append(result.expected_accept_len.reshape(1))
-            entropy_dev.append(processed_entropy(logits[:, 0], params))  # the target's next-token entropy
             append(state, emitted)
             clock.lap("commit")
 

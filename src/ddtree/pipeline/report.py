@@ -340,7 +340,7 @@ def profile_panels(tables: dict[str, pd.DataFrame]) -> list[Panel]:
 def hardware_summary(tables: dict[str, pd.DataFrame]) -> Panel:
     """Across profiles: the best ddtree budget per (profile, pair, variant) against dflash."""
     panel = Panel("Across hardware: best budget per profile")
-    speed = tables.get("speedup", pd.DataFrame())
+    speed = _exact(tables.get("speedup", pd.DataFrame()))
     if speed.empty:
         panel.notes.append("No acceptance records in any profile.")
         return panel
