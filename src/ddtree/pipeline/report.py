@@ -163,7 +163,10 @@ def accept_hist_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     hist = _with_run(hist)
     largest = hist[hist["method"] == "ddtree"]["budget"].max()
     keep = hist[(hist["method"] == "dflash") | (hist["budget"] == largest)]
-    panel.table = keep[["pair", "run", "variant", "temperature", "accept_len", "rounds", "fraction"]]
+    # one row per (run, variant), one column per accepted length: the fraction of rounds
+    wide = keep.pivot_table(index=["run", "variant"], columns="accept_len", values="fraction", fill_value=0.0)
+    wide.columns = [f"{int(c)}" for c in wide.columns]
+    panel.table = wide.reset_index()
     plt, sns = _plt()
     runs = _run_order(keep)
     # One variant order (greedy first, then by temperature) so colours agree across panels.
@@ -244,11 +247,11 @@ def stages_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     per_run = (stages.groupby(["run", "stage"], dropna=False)
                .agg(seconds=("seconds", "sum"), rounds=("rounds", "sum")).reset_index())
     per_run["ms_per_round"] = 1e3 * per_run["seconds"] / per_run["rounds"].replace(0, np.nan)
-    panel.table = per_run
     wide = per_run.pivot(index="run", columns="stage", values="ms_per_round").fillna(0.0)
     wide = wide.reindex(index=[r for r in _run_order(stages) if r in wide.index],
                         columns=[s for s in STAGE_ORDER if s in wide.columns] +
                         [s for s in wide.columns if s not in STAGE_ORDER])
+    panel.table = wide.assign(total=wide.sum(axis=1)).rename_axis(columns=None).reset_index()  # ms per round
     plt, _ = _plt()
     fig, ax = plt.subplots(figsize=(8, 4))
     wide.plot(kind="bar", stacked=True, ax=ax)
