@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 
 import pandas as pd
 import pytest
@@ -88,4 +87,3 @@ def test_crossover_and_power_panel_lines():
     lines, _ = conclusions.lossless_summary(build_tables(recs, [], positions=(1,)))
     assert any(line.startswith("Power panel: the deliberately lossy verifier `greedy_accept` is REJECTED")
                for line in lines)
-    json.dumps(lines)
