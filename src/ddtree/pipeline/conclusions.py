@@ -180,9 +180,12 @@ def lossless_summary(tables: dict[str, pd.DataFrame]) -> tuple[list[str], list[s
             f"power: each detects a bias of {fmt(float(z_exact['detectable_bias'].median()), 3)} drafts per round "
             "(median over tests) with probability 0.9.")
         if len(rejects):
+            family_p = min(1.0, float(z_exact["p_value"].min()) * len(z_exact))
             warnings.append("The observed-vs-expected acceptance test REJECTS for " + ", ".join(
                 f"{r.method}-b{int(r.budget)}/{r.variant}" if r.budget == r.budget else f"{r.method}/{r.variant}"
-                for r in rejects.itertuples()) + f" at alpha = {fmt(alpha)}.")
+                for r in rejects.itertuples()) + f" at alpha = {fmt(alpha)} per test (Bonferroni over the "
+                f"{len(z_exact)} tests: p = {fmt(family_p, 4)}; at alpha {fmt(alpha)} each, "
+                f"{fmt(alpha * len(z_exact))} false rejections are expected among {len(z_exact)} lossless runs).")
     lossy_z = z[z["verifier"] != "exact"] if not z.empty else z
     lossy_chi = chi[(chi["verifier"] != "exact") & (chi["position"] == -1)] if not chi.empty else chi
     for name in sorted(set(lossy_z.get("verifier", [])) | set(lossy_chi.get("verifier", []))):
