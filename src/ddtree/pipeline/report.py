@@ -121,7 +121,7 @@ def temperature_sweep_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     panel.table = table[["variant", "temperature", "top_k", "top_p", "target_entropy", "best_budget", "ddtree_tau",
                          "ddtree_expected_tau", "dflash_tau", "ddtree_ms_per_token", "ar_ms_per_token",
                          "speedup_vs_ar", "dflash_speedup_vs_ar"]].rename(columns={
-        "target_entropy": "entropy (nats)", "best_budget": "budget", "ddtree_tau": "tau", "ddtree_expected_tau": "E[tau]",
+        "target_entropy": "entropy (nats)", "best_budget": "budget", "ddtree_tau": "tau", "ddtree_expected_tau": "1 + E[accepted]",
         "ddtree_ms_per_token": "ms/token", "ar_ms_per_token": "ar ms/token", "speedup_vs_ar": "speedup",
         "dflash_speedup_vs_ar": "dflash speedup"})
     if table["temperature"].nunique() < 3:
@@ -131,7 +131,7 @@ def temperature_sweep_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     plain = (table["top_k"].astype(int) <= 0) & (table["top_p"].astype(float) >= 1.0)
     for ax, (metric, dflash, title) in zip(axes, (
             ("speedup_vs_ar", "dflash_speedup_vs_ar", "speedup over ar (best budget)"),
-            ("ddtree_tau", "dflash_tau", "tau: observed (o) and expected (x)"),
+            ("ddtree_tau", "dflash_tau", "tau (o; x: 1 + exact E[accepted drafts])"),
             ("target_entropy", None, "target entropy per token (nats)"))):
         ax.plot(table[plain]["temperature"], table[plain][metric], marker="o", label="ddtree")
         if metric == "ddtree_tau":
