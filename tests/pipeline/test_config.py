@@ -102,7 +102,8 @@ def test_build_plan_matches_contract(tmp_path):
                       num_prompts=4, out_dir=str(tmp_path), server_log="s.log")
     assert set(plan) == {"server", "prompts", "acceptance", "throughput", "tags", "out"}
     assert plan["server"]["method"] == "ddtree" and plan["server"]["budget"] == 8
-    assert plan["tags"] == {"profile": "cpu", "pair": "embedded-small", "method": "ddtree", "budget": 8}
+    assert plan["tags"] == {"profile": "cpu", "pair": "embedded-small", "method": "ddtree", "budget": 8,
+                            "verifier": "exact"}
     assert [v["name"] for v in plan["acceptance"]["variants"]] == ["greedy", "t1"]
     assert plan["throughput"]["variant"]["temperature"] == 0.0
     assert plan["out"]["summary"] == str(tmp_path / "records" / "session.json")

@@ -20,9 +20,9 @@ def tables(tmp_path):
 def test_every_profile_panel_has_a_figure_and_its_numbers(tables):
     panels = report.profile_panels(tables)
     assert [p.title for p in panels] == [
-        "Speedup and tau vs budget", "Accept-length distribution, greedy vs sampled",
+        "Speedup and tau vs budget", "Temperature sweep", "Accept-length distribution, greedy vs sampled",
         "Observed vs expected acceptance", "Throughput and latency vs concurrency", "Per-stage time per round",
-        "Losslessness",
+        "Losslessness (with the power panel)",
     ]
     for panel in panels:
         assert panel.figure is not None, panel.title
@@ -30,9 +30,9 @@ def test_every_profile_panel_has_a_figure_and_its_numbers(tables):
         assert report.figure_png(panel.figure).startswith(b"\x89PNG")
     speed = panels[0]
     assert any("1 ddtree budget" in note for note in speed.notes)  # the records have one budget
-    ddtree = speed.table[speed.table["run"] == "ddtree-b8"]
-    assert ddtree["speedup"].tolist() == pytest.approx([2.0, 2.0])
-    assert any("failed" in note for note in panels[3].notes)  # one throughput request errored
+    ddtree = speed.table.set_index("run").loc["ddtree-b8"]
+    assert [ddtree["speedup greedy"], ddtree["speedup t1"]] == pytest.approx([2.0, 2.0])
+    assert any("failed" in note for note in panels[4].notes)  # one throughput request errored
 
 
 def test_missing_data_gives_notes_not_errors(tmp_path):

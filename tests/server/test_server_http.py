@@ -91,7 +91,7 @@ def test_meta_info_is_complete_and_consistent(server: ServerProcess, prompts: li
         "id", "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason", "spec_verify_ct",
         "spec_accept_length",
         "e2e_latency", "ttft", "decode_time", "accept_lens", "expected_accept_lens", "spec_expected_accept_length",
-        "stage_times", "method", "budget"}
+        "stage_times", "entropies", "method", "budget"}
     assert meta["id"] == "req-1" and meta["method"] == "ddtree" and meta["budget"] == BUDGET
     assert meta["completion_tokens"] == len(body["output_ids"]) == MAX_NEW  # EOS ignored: full length
     assert meta["finish_reason"] == {"type": "length", "length": MAX_NEW}  # SGLang's FINISH_LENGTH

@@ -57,8 +57,16 @@ def test_end_to_end_outputs(finished_run: Path):
     acceptance = pd.read_parquet(tables / "acceptance.parquet")
     assert set(acceptance["method"]) == {"ar", "dflash", "ddtree"}
     assert acceptance["error"].isna().all()
-    # 3 prompts: greedy once, t1 twice per prompt -> 9 requests per run.
-    assert (acceptance.groupby("method").size() == 9).all()
+    # 3 prompts: greedy once, t1 twice per prompt -> 9 requests per run; the power panel's lossy run: t1 only.
+    exact = acceptance[acceptance["verifier"] == "exact"]
+    assert (exact.groupby("method").size() == 9).all()
+    lossy = acceptance[acceptance["verifier"] == "greedy_accept"]
+    assert len(lossy) == 6 and set(lossy["variant"]) == {"t1"} and set(lossy["budget"]) == {4}
+    ztest = pd.read_parquet(tables / "acceptance_test.parquet")
+    assert {"exact", "greedy_accept"} <= set(ztest["verifier"])
+    assert ztest["detectable_bias"].notna().all()
+    html = (wd / "results" / "reports" / "cpu.html").read_text()
+    assert "Conclusions" in html and "Power panel" in html
     assert set(pd.read_csv(tables / "throughput.csv")["concurrency"]) == {1, 2}
     match = pd.read_parquet(tables / "greedy_match.parquet")
     assert set(match["method"]) == {"dflash", "ddtree"} and (match["n"] == 3).all()
@@ -69,7 +77,9 @@ def test_end_to_end_outputs(finished_run: Path):
     plan = json.loads((wd / "results/cpu/embedded-tiny/ddtree-b4/plan.json").read_text())
     # .test/config.yaml leaves top_k/top_p out: the schema's defaults were filled in.
     assert [(v["top_k"], v["top_p"]) for v in plan["acceptance"]["variants"]] == [(-1, 1.0), (-1, 1.0)]
-    assert plan["tags"] == {"profile": "cpu", "pair": "embedded-tiny", "method": "ddtree", "budget": 4}
+    assert plan["tags"] == {"profile": "cpu", "pair": "embedded-tiny", "method": "ddtree", "budget": 4,
+                            "verifier": "exact"}
+    assert plan["acceptance"]["seed_salt"] == "ddtree-b4"
     assert live_processes(wd) == []
     # A second run has nothing to do.
     again = snakemake(wd, "-n", "--cores", "1", "--configfile", *TEST_CONFIG)

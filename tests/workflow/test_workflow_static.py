@@ -24,12 +24,15 @@ def test_default_dry_run_plans_every_stage(workdir):
     done = snakemake(workdir, "-n", "--cores", "1")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
-    for rule in ("train_embedded_pair", "selfcheck", "prepare_prompts", "plan", "benchmark", "aggregate",
+    for rule in ("stage_shipped_pair", "selfcheck", "prepare_prompts", "plan", "benchmark", "aggregate",
                  "environment", "profile_report", "summary_report"):
         assert re.search(rf"^{rule}\s+\d+", out, re.M), rule
-    # ar and dflash once, ddtree once per budget (never ar/dflash x budgets).
-    budgets = yaml.safe_load((workdir / "config" / "config.yaml").read_text())["budgets"]
-    assert re.search(rf"^benchmark\s+{2 + len(budgets)}$", out, re.M)
+    # ar and dflash once, ddtree once per budget (never ar/dflash x budgets), plus one power-panel run per
+    # lossy verifier.
+    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    lossy = len(config["lossless"]["power_panel"]["verifiers"])
+    assert lossy >= 1
+    assert re.search(rf"^benchmark\s+{2 + len(config['budgets']) + lossy}$", out, re.M)
 
 
 def test_cluster_profile_dry_run_maps_hardware_resources(workdir):

@@ -50,9 +50,15 @@ except ValueError as exc:
     raise WorkflowError(f"config: {exc}") from None
 USED_PAIRS = list(dict.fromkeys(pair for pairs in PROFILE_PAIRS.values() for pair in pairs))
 PAIRS = {name: config["model_pairs"][name] for name in USED_PAIRS}
-EMBEDDED_PAIRS = [name for name, pair in PAIRS.items() if pair["source"] == "embedded"]
+# embedded pairs are trained by the workflow, or shipped trained in the package (copied after a hash check)
+EMBEDDED_PAIRS = [
+    name for name, pair in PAIRS.items() if pair["source"] == "embedded" and pair.get("weights", "train") == "train"
+]
+SHIPPED_PAIRS = [
+    name for name, pair in PAIRS.items() if pair["source"] == "embedded" and pair.get("weights", "train") == "shipped"
+]
 try:
-    # the hardware profile that trains each embedded pair (its device and cluster resources)
+    # the hardware profile that trains each trained embedded pair (its device and cluster resources)
     TRAIN_PROFILES = {
         name: _load_profile(pipeline_config.train_profile(name, PAIRS[name], AVAILABLE_PROFILES))
         for name in EMBEDDED_PAIRS
@@ -62,7 +68,7 @@ except ValueError as exc:
 HUB_PAIRS = [name for name, pair in PAIRS.items() if pair["source"] == "hub"]
 DATASETS = {name: config["dataset_catalog"][name] for name in config["datasets"]}
 HUB_DATASETS = [name for name, ds in DATASETS.items() if ds["source"] == "hub"]
-RUNS = pipeline_config.run_ids(config["methods"], config["budgets"])
+RUNS = pipeline_config.run_ids(config["methods"], config["budgets"]) + pipeline_config.power_panel_runs(config)
 for _name, _profile in HARDWARE.items():
     _note = pipeline_config.unsupported_note(_name, _profile, config["methods"])
     if _note:
@@ -92,6 +98,7 @@ wildcard_constraints:
     profile=names_regex(config["hardware"]),
     pair=names_regex(USED_PAIRS),
     embedded_pair=names_regex(EMBEDDED_PAIRS),
+    shipped_pair=names_regex(SHIPPED_PAIRS),
     hub_pair=names_regex(HUB_PAIRS),
     dataset=names_regex(HUB_DATASETS),
     run=names_regex(RUNS),
@@ -134,7 +141,7 @@ def all_summaries():
 
 
 TABLES = ["acceptance", "accept_hist", "throughput", "stages", "speedup", "greedy_match", "sampling_test",
-          "environment"]
+          "acceptance_test", "environment"]
 
 
 def table_files():
@@ -259,6 +266,10 @@ def res_mem_mb(wildcards):
 def res_runtime(wildcards):
     return int(_resources(wildcards)["runtime_min"])
 
+
+
+def shipped_pair_spec(wildcards):
+    return PAIRS[wildcards.shipped_pair]
 
 
 def hub_pair_spec(wildcards):

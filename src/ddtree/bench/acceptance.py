@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 RECORD_FIELDS = (
     "prompt_id", "dataset", "variant", "temperature", "top_k", "top_p", "sample_index", "seed", "prompt_tokens",
-    "completion_tokens", "spec_verify_ct", "tau", "accept_lens", "expected_accept_lens", "stage_times",
+    "completion_tokens", "spec_verify_ct", "tau", "accept_lens", "expected_accept_lens", "stage_times", "entropies",
     "e2e_latency", "ttft", "decode_time", "output_ids", "error",
 )
 KEY_FIELDS = ("prompt_id", "variant", "sample_index")
@@ -61,8 +61,12 @@ def check_tags(tags: Any, reserved: Sequence[str]) -> dict[str, Any]:
     return dict(tags)
 
 
-def plan_jobs(prompts: Sequence[Prompt], variants: Sequence[dict[str, Any]], samples_per_prompt: int) -> list[Job]:
-    """Greedy variants need one sample per prompt: more would repeat it."""
+def plan_jobs(prompts: Sequence[Prompt], variants: Sequence[dict[str, Any]], samples_per_prompt: int,
+              seed_salt: str = "") -> list[Job]:
+    """Greedy variants need one sample per prompt: more would repeat it.
+
+    `seed_salt` (the run id in a pipeline plan) enters every request seed, so that the samples of two
+    runs compared by the losslessness test (ar and each speculative run) are independent draws."""
     if samples_per_prompt < 1:
         raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
     jobs = []
@@ -70,7 +74,8 @@ def plan_jobs(prompts: Sequence[Prompt], variants: Sequence[dict[str, Any]], sam
         for variant in variants:
             samples = 1 if float(variant.get("temperature", 0.0)) == 0.0 else samples_per_prompt
             for s in range(samples):
-                jobs.append(Job(prompt, variant, s, derive_seed(prompt.id, variant["name"], s)))
+                parts = (prompt.id, variant["name"], s) if not seed_salt else (seed_salt, prompt.id, variant["name"], s)
+                jobs.append(Job(prompt, variant, s, derive_seed(*parts)))
     return jobs
 
 
@@ -103,6 +108,7 @@ def make_record(tags: Mapping[str, Any], job: Job, result: Any) -> dict[str, Any
         "accept_lens": meta.get("accept_lens"),
         "expected_accept_lens": meta.get("expected_accept_lens"),
         "stage_times": meta.get("stage_times"),
+        "entropies": meta.get("entropies"),
         "e2e_latency": meta.get("e2e_latency", result.e2e_latency if result.error is None else None),
         "ttft": meta.get("ttft"),
         "decode_time": meta.get("decode_time"),
@@ -141,6 +147,7 @@ async def run_acceptance_async(
     tags: Mapping[str, Any] | None = None,
     out: str | Path,
     concurrency: int = 1,
+    seed_salt: str = "",
 ) -> dict[str, Any]:
     """Run (or resume) an acceptance sweep; returns counts and the per-variant summary."""
     if max_new_tokens < 1:
@@ -151,7 +158,7 @@ async def run_acceptance_async(
     if len({v["name"] for v in checked}) != len(checked):
         raise ValueError("variants: names must be unique")
     tags = check_tags(tags, RECORD_FIELDS)
-    jobs = plan_jobs(load_prompts(prompts_path, num_prompts), checked, samples_per_prompt)
+    jobs = plan_jobs(load_prompts(prompts_path, num_prompts), checked, samples_per_prompt, seed_salt)
     key_fields = [*tags, *KEY_FIELDS]
     records: list[dict[str, Any]] = []
     with RecordWriter(out, key_fields) as writer:

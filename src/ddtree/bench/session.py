@@ -245,7 +245,7 @@ def run_phases(plan: Mapping[str, Any], url: str, summary: dict[str, Any]) -> No
             url, plan["prompts"], acc.get("variants") or [{"name": "greedy", "temperature": 0.0}],
             num_prompts=acc.get("num_prompts"), max_new_tokens=int(acc.get("max_new_tokens", 128)),
             samples_per_prompt=int(acc.get("samples_per_prompt", 1)), tags=tags, out=plan["out"]["acceptance"],
-            concurrency=int(acc.get("concurrency", 1)),
+            concurrency=int(acc.get("concurrency", 1)), seed_salt=str(acc.get("seed_salt", "")),
         )
     if "throughput" in plan:
         thr = plan["throughput"]

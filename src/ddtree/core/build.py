@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ddtree.core.checks import check_budget, check_tensor
+from ddtree.core.sampling import SamplingParams
 from ddtree.core.types import DDTreeBuildResult
 
 METHODS = ("auto", "heap", "batched")
@@ -898,7 +899,9 @@ def _probe_triton(device: torch.device) -> bool:
 # --------------------------------------------------------------------------------------------------
 
 
-def build_tree(draft_logits: torch.Tensor, budget: int, *, method: str = "auto") -> DDTreeBuildResult:
+def build_tree(
+    draft_logits: torch.Tensor, budget: int, *, method: str = "auto", sampling: SamplingParams | None = None
+) -> DDTreeBuildResult:
     """Build one draft tree per request from the drafter's per-position logits.
 
     draft_logits: [B, D, V], any float dtype, any device. budget: the number of draft nodes (root excluded).
@@ -907,7 +910,13 @@ def build_tree(draft_logits: torch.Tensor, budget: int, *, method: str = "auto")
     replay on CUDA), or "auto" (`choose_method`).
     Raises ValueError naming the argument for bad rank, empty D or V, non-finite logits, a budget that is
     not an int >= 1, or an unknown method.
+    sampling: build on the marginals processed like the target's (temperature, top-k, top-p), i.e. on
+    `build_sampling.processed_draft_logprobs(draft_logits, sampling)`; greedy rows keep the raw tree.
     """
+    if sampling is not None and not sampling.all_greedy:
+        from ddtree.core.build_sampling import processed_draft_logprobs
+
+        draft_logits = processed_draft_logprobs(draft_logits, sampling)
     # finiteness is checked from the vocabulary step's row statistics (no extra pass over the logits)
     logits, budget = _validate(draft_logits, budget, method, check_finite=False)
     if method == "auto":

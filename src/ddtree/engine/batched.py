@@ -76,6 +76,7 @@ class _Active:
     rounds: int = 0
     accept_lens: list[int] = field(default_factory=list)
     expected: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)  # per round: the processed target's entropy at the root
     stage_times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     output: GenerationOutput | None = None
     error: BaseException | None = None  # raised by its on_tokens callback (e.g. the client went away)
@@ -177,11 +178,11 @@ class BatchedEngine:
         self.counter = torch.zeros(m, **i64)
         self.out_tokens = torch.full((m, b), -1, **i64)
         self.out_counts = torch.zeros((m, 2), **i64)  # emitted count, non-finite draft flag
-        self.out_expected = torch.zeros(m, dtype=torch.float32, device=dev)
+        self.out_expected = torch.zeros((m, 2), dtype=torch.float32, device=dev)  # expected accepts, root entropy
         pin = dev.type == "cuda"
         self._host_tokens = torch.empty((m, b), dtype=torch.int64, pin_memory=pin)
         self._host_counts = torch.empty((m, 2), dtype=torch.int64, pin_memory=pin)
-        self._host_expected = torch.empty(m, dtype=torch.float32, pin_memory=pin)
+        self._host_expected = torch.empty((m, 2), dtype=torch.float32, pin_memory=pin)
         self._copied = torch.cuda.Event() if pin else None
         self._cols = torch.arange(self.max_seq_len, device=dev)  # [S]
 
@@ -325,7 +326,8 @@ class BatchedEngine:
             k = int(counts[row, 0])
             entry.rounds += 1
             entry.accept_lens.append(k - 1)
-            entry.expected.append(float(expected[row]))
+            entry.expected.append(float(expected[row, 0]))
+            entry.entropies.append(float(expected[row, 1]))
             for stage, seconds in times.items():
                 entry.stage_times[stage] += seconds
             self._emit(entry, tokens[row, :k].tolist())
@@ -452,6 +454,7 @@ class BatchedEngine:
             accept_lens=entry.accept_lens if method != "ar" else [0] * entry.rounds,
             expected_accept_lens=entry.expected if method != "ar" else [0.0] * entry.rounds,
             stage_times=dict(entry.stage_times),
+            entropies=entry.entropies if method != "ar" else [],
             ttft=entry.t_first - entry.t_arrival,
             decode_time=now - entry.t_first,
             matched_stop=entry.state.matched_stop,
@@ -596,7 +599,8 @@ class BatchedEngine:
         prog["result"] = {"accept_len": torch.zeros(b, dtype=torch.int64, device=dev),
                           "nodes": torch.zeros((b, depth + 1), dtype=torch.int64, device=dev),
                           "bonus": torch.zeros(b, dtype=torch.int64, device=dev),
-                          "expected": torch.zeros(b, dtype=torch.float32, device=dev)}
+                          "expected": torch.zeros(b, dtype=torch.float32, device=dev),
+                          "entropy": torch.zeros(b, dtype=torch.float32, device=dev)}
         prog["commit"] = _Stage("commit", self._commit_fn(prog))
         return prog
 
@@ -636,9 +640,11 @@ class BatchedEngine:
             logits = prog["logits"]
             if params is None:
                 res = _verify_greedy_unchecked(tree, logits, depth)
+                result["entropy"].zero_()  # one-hot distributions
             else:
-                res = sample_and_walk(tree, logits, params if self.use_graphs else self._live_params(b),
-                                      uniforms(self.seed[:b], self.counter[:b], n), depth)
+                res, entropy = sample_and_walk(tree, logits, params if self.use_graphs else self._live_params(b),
+                                               uniforms(self.seed[:b], self.counter[:b], n), depth)
+                result["entropy"].copy_(entropy)
             result["accept_len"].copy_(res.accept_len)
             result["nodes"].copy_(res.accepted_nodes)
             result["bonus"].copy_(res.bonus_token)
@@ -695,7 +701,8 @@ class BatchedEngine:
             self.counter[:b] += 1
             self.out_tokens[:b, :width] = done.emitted_tokens
             self.out_counts[:b, 0] = done.num_emitted
-            self.out_expected[:b] = result["expected"]
+            self.out_expected[:b, 0] = result["expected"]
+            self.out_expected[:b, 1] = result["entropy"]
 
         return commit_fn
 
@@ -711,13 +718,16 @@ def _root_tree(batch: int, device: torch.device) -> DDTreeBuildResult:
 
 
 def sample_and_walk(tree: DDTreeBuildResult, logits: torch.Tensor, params: SamplingParams, coins: torch.Tensor,
-                    depth: int) -> VerifyResult:
+                    depth: int) -> tuple[VerifyResult, torch.Tensor]:
     """Lossless sample-and-walk with given coins [B, N]: one inverse-CDF draw per node from the processed
-    target distribution, then the shared walk; greedy rows (temperature 0) pick the argmax."""
+    target distribution, then the shared walk; greedy rows (temperature 0) pick the argmax. Also returns the
+    processed distribution's entropy at the root [B] (nats; 0 for greedy rows)."""
     weights, totals = processed_weights(logits, params)  # [B, N, V], [B, N, 1]
+    root = weights[:, 0] / totals[:, 0]  # [B, V]
+    entropy = -(root * root.clamp_min(1e-30).log()).sum(dim=-1)
     edge_p = edge_probs(tree, weights, totals)  # [B, N], read before the buffer is consumed
     picks = sample_from_probs_(weights, uniforms=coins)  # [B, N]
-    return walk(tree, picks, edge_p, depth)
+    return walk(tree, picks, edge_p, depth), entropy
 
 
 def pick_tokens(logits: torch.Tensor, params: SamplingParams, coins: torch.Tensor) -> torch.Tensor:
@@ -752,13 +762,16 @@ def _check_budget(budget: int) -> None:
 
 def make_engine(pair: Any, *, method: str = "ddtree", budget: int = 64, device: str | torch.device | None = None,
                 dtype: str | torch.dtype | None = None, max_batch: int = 8, max_seq_len: int | None = None,
-                cuda_graphs: bool = True, profile_stages: bool = False):
+                cuda_graphs: bool = True, profile_stages: bool = False, verifier: str = "exact",
+                tree_sampling: bool = False):
     """The batched engine for the families of `fast_model` (Qwen3, Qwen2, Llama layouts); the Hugging Face
-    engine (one request at a time, eager) for every other family. Chosen once, here."""
-    if family_of(pair.target.config) is not None:
+    engine (one request at a time, eager) for every other family and for the experiment-only options (a lossy
+    `verifier` for the report's power panel, `tree_sampling`). Chosen once, here."""
+    if family_of(pair.target.config) is not None and verifier == "exact" and not tree_sampling:
         return BatchedEngine(pair, method=method, budget=budget, device=device, dtype=dtype, max_batch=max_batch,
                              max_seq_len=max_seq_len, cuda_graphs=cuda_graphs, profile_stages=profile_stages)
     from ddtree.engine.engine import DecodingEngine
 
     log.info("model family %r: Hugging Face engine (batch 1, eager)", getattr(pair.target.config, "model_type", "?"))
-    return DecodingEngine(pair, method=method, budget=budget, device=device, dtype=dtype, profile_stages=profile_stages)
+    return DecodingEngine(pair, method=method, budget=budget, device=device, dtype=dtype, profile_stages=profile_stages,
+                          verifier=verifier, tree_sampling=tree_sampling)

@@ -30,9 +30,11 @@ import torch
 
 from ddtree.core.attention import tree_attention
 from ddtree.core.build import build_tree
+from ddtree.core.entropy import processed_entropy
+from ddtree.core.lossy_verifiers import get_verifier
 from ddtree.core.sampling import SamplingParams, process_logits
 from ddtree.core.types import DDTreeBuildResult
-from ddtree.core.verify import commit, verify_greedy, verify_sampling
+from ddtree.core.verify import commit, verify_greedy
 from ddtree.engine.chain import build_chain
 from ddtree.engine.kv import cache_keyword, keep_rows, new_cache
 from ddtree.engine.stopping import StopState, append_tokens
@@ -81,9 +83,16 @@ class DecodingEngine:
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
         profile_stages: bool = True,
+        verifier: str = "exact",
+        tree_sampling: bool = False,
     ) -> None:
         _check_method(method)
         _check_budget(budget)
+        # sampling verifier by name (ddtree.core.lossy_verifiers: "exact", or a lossy one for the power panel)
+        self.verifier = verifier
+        self._verify_sampling = get_verifier(verifier)
+        # build sampled-request trees on the drafter marginals processed like the target's (core/build_sampling)
+        self.tree_sampling = bool(tree_sampling)
         self.method = method
         self.budget = int(budget)
         target = pair.target
@@ -284,6 +293,7 @@ class DecodingEngine:
         committed = prompt_len  # rows in the target KV cache; the bonus sits at position `committed`
         accept_lens: list[int] = []
         expected_dev: list[torch.Tensor] = []
+        entropy_dev: list[torch.Tensor] = []
         while state.finish_reason is None:
             # 1. draft
             block_ids[:, 0] = bonus
@@ -293,7 +303,8 @@ class DecodingEngine:
             clock.lap("draft")
 
             # 2. tree_build
-            tree = build_tree(draft_logits, budget) if method == "ddtree" else build_chain(draft_logits)
+            tree_params = params if self.tree_sampling and not greedy else None
+            tree = build_tree(draft_logits, budget, sampling=tree_params) if method == "ddtree" else build_chain(draft_logits)
             clock.lap("tree_build")
 
             # 3. tree_compile
@@ -306,8 +317,9 @@ class DecodingEngine:
             if greedy:
                 result = verify_greedy(tree, logits, max_depth=depth_max)
             else:
-                result = verify_sampling(tree, logits, params, generator=generator, max_depth=depth_max)
+                result = self._verify_sampling(tree, logits, params, generator=generator, max_depth=depth_max)
             clock.lap("verify")
+            entropy_dev.append(processed_entropy(logits[:, 0], params))  # the target's next-token entropy
 
             # 5. commit
             done = commit(tree, result)
@@ -331,9 +343,11 @@ class DecodingEngine:
 
         expected = torch.cat(expected_dev).float().tolist() if expected_dev else []
         recorded_budget = budget if method == "ddtree" else depth_max
-        return self._finish(
+        out = self._finish(
             state, clock, t0, t_first, len(accept_lens), accept_lens, expected, method, recorded_budget
         )
+        out.entropies = torch.cat(entropy_dev).float().tolist() if entropy_dev else []
+        return out
 
     def _accepted_hidden(self, hidden_states, kept: int, rows: torch.Tensor | None) -> list:
         """The hidden-states tuple restricted to the accepted rows, only for the layers the drafter reads."""

@@ -33,6 +33,8 @@ class GenerationOutput:
     matched_stop: int | str | None = None  # the stop token id or stop string that ended it (SGLang's matched_stop)
     method: str = ""  # method that produced it
     budget: int = 0  # tree budget (ddtree), drafted chain length (dflash), 0 (ar)
+    # per round (speculative methods), nats: entropy of the target's processed next-token distribution at the root
+    entropies: list[float] = field(default_factory=list)
 
     @property
     def tau(self) -> float:

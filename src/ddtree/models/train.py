@@ -12,8 +12,11 @@ continuation, generated in batches before the drafter loop (DFlash also trains o
 responses). Measured on the tiny pair: real-code windows with greedy labels gave DFlash tau 1.04,
 rollouts 1.69 (DDTree 2.45 both); the drafter must learn the distribution it sees at inference.
 
-Budgets are wall-clock (a shared CPU makes step counts unpredictable); `ThreadPicker` picks 1 or N CPU
-threads from measured step times. `evaluate_acceptance` is a teacher-forced offline estimate of tau at
+Schedules: "steps" (tiny, small) fixes the learning-rate schedule and the stopping point by step counts,
+with no wall-clock limit unless one is asked for (`max_minutes`); a limit that is hit marks the pair
+incomplete in its manifest (`training.complete`, `training.incomplete_reason`), never silently.
+"time" (large) uses the whole wall-clock budget. `ThreadPicker` picks 1 or N CPU threads from measured
+step times. `evaluate_acceptance` is a teacher-forced offline estimate of tau at
 T = 0 for DFlash (argmax chain) and DDTree (tree under a node budget).
 """
 
@@ -693,6 +696,47 @@ def _file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def phase_budgets(spec: PairSize, max_minutes: float | None) -> tuple[float, float]:
+    """Wall-clock budgets (seconds) of the target and drafter phases.
+
+    schedule="steps": the schedule is fixed by step counts and no wall-clock limit applies unless
+    `max_minutes` is given (then both phases share it pro rata, and a phase that hits it is reported
+    incomplete: `training_status`). schedule="time": the size's minutes, scaled down to `max_minutes`.
+    """
+    if max_minutes is not None and max_minutes <= 0:
+        raise ValueError(f"max_minutes must be > 0, got {max_minutes}")
+    t_budget, d_budget = spec.target_minutes * 60, spec.drafter_minutes * 60
+    if max_minutes is None:
+        return (math.inf, math.inf) if spec.schedule == "steps" else (t_budget, d_budget)
+    share = t_budget / (t_budget + d_budget)
+    total = max_minutes * 60 if spec.schedule == "steps" else min(max_minutes * 60, t_budget + d_budget)
+    return total * share, total * (1.0 - share)
+
+
+def _json_budget(seconds: float) -> float | None:
+    return None if math.isinf(seconds) else round(seconds, 2)
+
+
+def training_status(spec: PairSize, target: LoopResult, drafter: LoopResult,
+                    rollout_rows: int | None = None) -> dict[str, Any]:
+    """`complete` (both phases reached their step schedule) and, when not, the reason in words.
+
+    A step-scheduled pair stopped by a wall-clock limit is a different (weaker) pair than the one its
+    size names; the stage job fails on it and the report's header says so (see `incomplete_reason`).
+    """
+    short = [(name, res) for name, res in (("target", target), ("drafter", drafter))
+             if spec.schedule == "steps" and res.stopped_by != "max_steps"]
+    pool_short = spec.schedule == "steps" and rollout_rows is not None and rollout_rows < spec.rollout_rows
+    if not short and not pool_short:
+        return {"complete": True, "incomplete_reason": None}
+    maxima = {"target": spec.target_max_steps, "drafter": spec.drafter_max_steps}
+    parts = [f"the {name} stopped at step {res.steps} of {maxima[name]} ({res.stopped_by})" for name, res in short]
+    if pool_short:
+        parts.append(f"the drafter's rollout pool has {rollout_rows} of {spec.rollout_rows} sequences")
+    words = "; ".join(parts)
+    return {"complete": False, "incomplete_reason": f"a wall-clock limit cut training short: {words}"}
+
+
 def train_pair(
     out_dir: str | Path, size: str | PairSize = "small", *, seed: int = 0, device: str = "cpu",
     max_minutes: float | None = None, progress: bool = True, evaluate: bool = True,
@@ -712,12 +756,7 @@ def train_pair(
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' requested but CUDA is not available")
     autocast = dev.type == "cuda"
-    t_budget, d_budget = spec.target_minutes * 60, spec.drafter_minutes * 60
-    if max_minutes is not None:
-        if max_minutes <= 0:
-            raise ValueError(f"max_minutes must be > 0, got {max_minutes}")
-        scale = min(1.0, max_minutes * 60 / (t_budget + d_budget))
-        t_budget, d_budget = t_budget * scale, d_budget * scale
+    t_budget, d_budget = phase_budgets(spec, max_minutes)
     log_file = out / "train_log.jsonl"
     log_file.write_text("")
     _seed_all(seed)
@@ -764,9 +803,10 @@ def train_pair(
     # greedy text, not those of the fp32 training copy).
     target.to(default_dtype(dev))
 
-    # drafter: the budgets cover preparation too (the size's minutes are the whole wall-clock budget);
+    # drafter: the budgets cover preparation too (the minutes are the whole wall-clock budget);
     # time the target did not use (it stopped at max_steps) goes to the drafter
-    d_budget = max(10.0, t_budget + d_budget - (time.perf_counter() - t_all))
+    if math.isfinite(d_budget):
+        d_budget = max(10.0, t_budget + d_budget - (time.perf_counter() - t_all))
     torch.manual_seed(seed + 100)
     drafter = DFlashDrafter(drafter_config(spec, vocab, special["mask_token_id"])).to(dev)
     d_res, d_acc, d_info = train_drafter(target, drafter, train_stream, spec, seed=seed, device=dev,
@@ -791,10 +831,12 @@ def train_pair(
                     "sha256": _file_sha256(out / "prompts" / "heldout.jsonl")},
         "training": {
             "prep_s": round(prep_s, 2),
-            "target": {**t_res.__dict__, "budget_s": t_budget, "heldout_loss": round(held_loss, 4),
-                       "heldout_entropy": round(held_entropy, 4)},
-            "drafter": {**d_res.__dict__, **d_info, "budget_s": d_budget, "last_batch_acc_per_pos": d_acc},
+            "target": {**t_res.__dict__, "budget_s": _json_budget(t_budget), "max_steps": spec.target_max_steps,
+                       "heldout_loss": round(held_loss, 4), "heldout_entropy": round(held_entropy, 4)},
+            "drafter": {**d_res.__dict__, **d_info, "budget_s": _json_budget(d_budget),
+                        "max_steps": spec.drafter_max_steps, "last_batch_acc_per_pos": d_acc},
             "total_s": round(train_s, 2),
+            **training_status(spec, t_res, d_res, d_info.get("rollout_rows")),
         },
         "metrics": {},
     }

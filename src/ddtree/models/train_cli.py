@@ -17,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     parser.add_argument("--max-minutes", type=float, default=None,
-                        help="cap on the two training phases together (scales both budgets down)")
+                        help="wall-clock limit on the two training phases together; a step-scheduled size "
+                             "(tiny, small) that hits it is written but marked incomplete and the command "
+                             "exits with status 3")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--label-mode", choices=("rollout", "greedy", "data"), default="rollout",
                         help="drafter data: target-generated rollouts (default), or real code windows "
@@ -43,4 +45,8 @@ def run(args: argparse.Namespace) -> int:
     summary = {"out": args.out, "size": args.size, "training": manifest["training"],
                "metrics": manifest["metrics"]}
     print(json.dumps(summary, indent=2))
+    if not manifest["training"]["complete"]:
+        print(f"train-pair: the pair in {args.out} is NOT the {args.size} pair: "
+              f"{manifest['training']['incomplete_reason']}", file=sys.stderr)
+        return 3
     return 0

@@ -14,10 +14,11 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ddtree.pipeline.lossless import DEFAULT_ALPHA, greedy_match, sampled_token_test
+from ddtree.pipeline.lossless import DEFAULT_ALPHA, acceptance_z_test, greedy_match, sampled_token_test
 from ddtree.pipeline.prompts import read_jsonl
 
-RUN_KEYS = ["profile", "pair", "method", "budget"]
+# verifier: "exact", or the lossy verifier of a power-panel run (records without it are "exact")
+RUN_KEYS = ["profile", "pair", "method", "budget", "verifier"]
 VARIANT_KEYS = ["variant", "temperature", "top_k", "top_p"]
 STAGES = ("draft", "tree_build", "tree_compile", "verify", "commit")
 
@@ -32,8 +33,14 @@ def load_run_records(plan_paths: Iterable[str | Path]) -> tuple[list[dict], list
         for key, sink in (("acceptance", acceptance), ("throughput", throughput)):
             path = Path(plan["out"][key])
             if path.is_file():
-                sink.extend({**tags, **record} for record in read_jsonl(path))
+                sink.extend({"verifier": "exact", **tags, **record} for record in read_jsonl(path))
     return acceptance, throughput
+
+
+def _run_keys(record: Mapping[str, Any], extra: Sequence[str] = ()) -> dict[str, Any]:
+    keys = {k: record.get(k) for k in [*RUN_KEYS, *extra]}
+    keys["verifier"] = keys["verifier"] or "exact"
+    return keys
 
 
 def _ok(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -57,7 +64,7 @@ def acceptance_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         expected = list(r.get("expected_accept_lens") or [])
         rows.append(
             {
-                **{k: r.get(k) for k in RUN_KEYS},
+                **_run_keys(r),
                 "prompt_id": str(r.get("prompt_id")),
                 "dataset": r.get("dataset"),
                 **{k: r.get(k) for k in VARIANT_KEYS},
@@ -69,6 +76,7 @@ def acceptance_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 "tau": r.get("tau"),
                 "mean_accept_len": float(np.mean(accept)) if accept else float("nan"),
                 "mean_expected_accept_len": float(np.mean(expected)) if expected else float("nan"),
+                "mean_entropy": float(np.mean(r["entropies"])) if r.get("entropies") else float("nan"),
                 "e2e_latency": r.get("e2e_latency"),
                 "ttft": r.get("ttft"),
                 "decode_time": r.get("decode_time"),
@@ -78,7 +86,7 @@ def acceptance_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         )
     columns = RUN_KEYS + ["prompt_id", "dataset"] + VARIANT_KEYS + [
         "sample_index", "seed", "prompt_tokens", "completion_tokens", "rounds", "tau", "mean_accept_len",
-        "mean_expected_accept_len", "e2e_latency", "ttft", "decode_time", "tpot", "error",
+        "mean_expected_accept_len", "mean_entropy", "e2e_latency", "ttft", "decode_time", "tpot", "error",
     ]
     frame = pd.DataFrame(rows, columns=columns)
     frame["budget"] = pd.to_numeric(frame["budget"], errors="coerce")
@@ -90,7 +98,7 @@ def accept_histogram(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     rows = []
     for r in _ok(records):
         for length in r.get("accept_lens") or []:
-            rows.append({**{k: r.get(k) for k in RUN_KEYS + VARIANT_KEYS}, "accept_len": int(length)})
+            rows.append({**_run_keys(r, VARIANT_KEYS), "accept_len": int(length)})
     keys = RUN_KEYS + VARIANT_KEYS
     if not rows:
         return pd.DataFrame(columns=keys + ["accept_len", "rounds", "fraction"])
@@ -109,7 +117,7 @@ def stage_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         for stage, seconds in (r.get("stage_times") or {}).items():
             rows.append(
                 {
-                    **{k: r.get(k) for k in RUN_KEYS + ["variant", "temperature"]},
+                    **_run_keys(r, ["variant", "temperature"]),
                     "stage": stage,
                     "seconds": float(seconds),
                     "rounds": int(r.get("spec_verify_ct") or 0),
@@ -135,8 +143,8 @@ def throughput_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     ]
     if not records:
         return pd.DataFrame(columns=columns)
-    frame = pd.DataFrame([{k: r.get(k) for k in keys + [
-        "completion_tokens", "e2e_latency", "ttft", "tpot", "start_time", "end_time", "error"]} for r in records])
+    frame = pd.DataFrame([_run_keys(r, ["concurrency", "completion_tokens", "e2e_latency", "ttft", "tpot",
+                                        "start_time", "end_time", "error"]) for r in records])
     frame["budget"] = pd.to_numeric(frame["budget"], errors="coerce")
     rows = []
     for group, part in frame.groupby(keys, dropna=False):
@@ -165,18 +173,19 @@ def throughput_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 def speedup_table(acceptance: pd.DataFrame) -> pd.DataFrame:
     """Mean tau and time per output token per run and variant; speedup against ar's."""
     keys = ["profile", "pair", "dataset"] + VARIANT_KEYS
-    columns = keys + ["method", "budget", "requests", "tau", "mean_accept_len", "mean_expected_accept_len",
-                      "mean_tpot", "ar_mean_tpot", "speedup"]
+    columns = keys + ["method", "budget", "verifier", "requests", "tau", "mean_accept_len",
+                      "mean_expected_accept_len", "mean_entropy", "mean_tpot", "ar_mean_tpot", "speedup"]
     ok = acceptance[acceptance["error"].isna()] if len(acceptance) else acceptance
     if ok.empty:
         return pd.DataFrame(columns=columns)
     grouped = (
-        ok.groupby(keys + ["method", "budget"], dropna=False)
+        ok.groupby(keys + ["method", "budget", "verifier"], dropna=False)
         .agg(
             requests=("prompt_id", "size"),
             tau=("tau", "mean"),
             mean_accept_len=("mean_accept_len", "mean"),
             mean_expected_accept_len=("mean_expected_accept_len", "mean"),
+            mean_entropy=("mean_entropy", "mean"),
             mean_tpot=("tpot", "mean"),
         )
         .reset_index()
@@ -195,8 +204,8 @@ def _outputs_by_prompt(records: Sequence[Mapping[str, Any]]) -> dict[tuple, list
 def _group_runs(records: Sequence[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, Any]]]:
     groups: dict[tuple, list[Mapping[str, Any]]] = {}
     for r in _ok(records):
-        budget = r.get("budget")
-        key = (r.get("profile"), r.get("pair"), r.get("variant"), r.get("method"), budget)
+        key = (r.get("profile"), r.get("pair"), r.get("variant"), r.get("method"), r.get("budget"),
+               r.get("verifier") or "exact")
         groups.setdefault(key, []).append(r)
     return groups
 
@@ -205,24 +214,24 @@ def _against_ar(groups: Mapping[tuple, list]) -> Iterator[tuple[tuple, list, lis
     """(key, records, ar's records of the same profile, pair and variant) for every speculative run
     that has an `ar` reference."""
     for key, part in groups.items():
-        profile, pair, variant, method, _ = key
+        profile, pair, variant, method, _, _ = key
         if method == "ar":
             continue
-        reference = groups.get((profile, pair, variant, "ar", None))
+        reference = groups.get((profile, pair, variant, "ar", None, "exact"))
         if reference is not None:
             yield key, part, reference
 
 
 def greedy_match_table(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """T = 0 match rate by prompt of every speculative run against ar's outputs."""
-    columns = ["profile", "pair", "variant", "method", "budget", "n", "matches", "match_rate",
+    columns = ["profile", "pair", "variant", "method", "budget", "verifier", "n", "matches", "match_rate",
                "mean_prefix_fraction"]
     groups = _group_runs([r for r in records if float(r.get("temperature") or 0.0) == 0.0])
     rows = []
-    for (profile, pair, variant, method, budget), part, reference in _against_ar(groups):
+    for (profile, pair, variant, method, budget, verifier), part, reference in _against_ar(groups):
         stats = greedy_match(_outputs_by_prompt(reference), _outputs_by_prompt(part))
         rows.append({"profile": profile, "pair": pair, "variant": variant, "method": method,
-                     "budget": budget, **stats})
+                     "budget": budget, "verifier": verifier, **stats})
     frame = pd.DataFrame(rows, columns=columns)
     frame["budget"] = pd.to_numeric(frame["budget"], errors="coerce")
     return frame
@@ -235,16 +244,36 @@ def sampling_test_table(
     alpha: float = DEFAULT_ALPHA,
 ) -> pd.DataFrame:
     """T > 0: chi-square test per output position of each speculative run against ar."""
-    columns = ["profile", "pair", "variant", "method", "budget", "position", "n_a", "n_b", "categories",
-               "binning", "statistic", "dof", "p_value", "alpha", "reject"]
+    columns = ["profile", "pair", "variant", "method", "budget", "verifier", "position", "n_a", "n_b",
+               "categories", "binning", "statistic", "dof", "p_value", "alpha", "reject", "detectable_w"]
     groups = _group_runs([r for r in records if float(r.get("temperature") or 0.0) > 0.0])
     rows = []
-    for (profile, pair, variant, method, budget), part, reference in _against_ar(groups):
+    for (profile, pair, variant, method, budget, verifier), part, reference in _against_ar(groups):
         seqs_ar = [list(r["output_ids"]) for r in reference if r.get("output_ids") is not None]
         seqs = [list(r["output_ids"]) for r in part if r.get("output_ids") is not None]
         for row in sampled_token_test(seqs_ar, seqs, positions=positions, alpha=alpha):
             rows.append({"profile": profile, "pair": pair, "variant": variant, "method": method,
-                         "budget": budget, **row})
+                         "budget": budget, "verifier": verifier, **row})
+    frame = pd.DataFrame(rows, columns=columns)
+    frame["budget"] = pd.to_numeric(frame["budget"], errors="coerce")
+    return frame
+
+
+def acceptance_test_table(records: Sequence[Mapping[str, Any]], *, alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:
+    """T > 0: per speculative run and variant, the z-test of observed vs exact expected accepted drafts
+    over every round of every request (lossless.acceptance_z_test)."""
+    columns = ["profile", "pair", "variant", "method", "budget", "verifier", "requests", "rounds", "observed",
+               "expected", "z", "p_value", "alpha", "reject", "detectable_bias"]
+    groups = _group_runs([r for r in records if float(r.get("temperature") or 0.0) > 0.0])
+    rows = []
+    for (profile, pair, variant, method, budget, verifier), part in groups.items():
+        pairs = [(a, e) for r in part for a, e in zip(r.get("accept_lens") or [], r.get("expected_accept_lens") or [])]
+        if method == "ar" or not pairs:
+            continue
+        accepted, expected = zip(*pairs)
+        rows.append({"profile": profile, "pair": pair, "variant": variant, "method": method, "budget": budget,
+                     "verifier": verifier, "requests": len(part),
+                     **acceptance_z_test(accepted, expected, alpha=alpha)})
     frame = pd.DataFrame(rows, columns=columns)
     frame["budget"] = pd.to_numeric(frame["budget"], errors="coerce")
     return frame
@@ -266,6 +295,7 @@ def build_tables(
         "speedup": speedup_table(acceptance),
         "greedy_match": greedy_match_table(acceptance_records),
         "sampling_test": sampling_test_table(acceptance_records, positions=positions, alpha=alpha),
+        "acceptance_test": acceptance_test_table(acceptance_records, alpha=alpha),
     }
 
 

@@ -13,6 +13,9 @@ from typing import Any, Mapping, Sequence
 
 METHODS_WITH_BUDGET = ("ddtree",)
 _RUN_ID = re.compile(r"^(ar|dflash|ddtree)(?:-b(\d+))?$")
+# A power-panel run: ddtree under a deliberately lossy verifier (ddtree.core.lossy_verifiers), e.g.
+# `ddtree-b16-lossy-greedy_accept`; it runs the acceptance phase only, on `lossless.power_panel.variants`.
+_LOSSY_RUN = re.compile(r"^(ddtree-b\d+)-lossy-([a-z_]+)$")
 
 
 def run_id(method: str, budget: int | None) -> str:
@@ -26,9 +29,20 @@ def run_id(method: str, budget: int | None) -> str:
     return method
 
 
+def lossy_run_id(budget: int, verifier: str) -> str:
+    return f"{run_id('ddtree', budget)}-lossy-{verifier}"
+
+
+def run_verifier(run: str) -> str:
+    """The sampling verifier of a run: "exact", or the lossy verifier of a power-panel run."""
+    match = _LOSSY_RUN.match(run)
+    return match.group(2) if match else "exact"
+
+
 def parse_run_id(run: str) -> tuple[str, int | None]:
-    """Inverse of `run_id`."""
-    match = _RUN_ID.match(run)
+    """Inverse of `run_id` (a power-panel run parses as its ddtree run)."""
+    lossy = _LOSSY_RUN.match(run)
+    match = _RUN_ID.match(lossy.group(1) if lossy else run)
     if match is None:
         raise ValueError(f"run id {run!r} is not 'ar', 'dflash' or 'ddtree-b<budget>'")
     method, budget = match.group(1), match.group(2)
@@ -46,6 +60,14 @@ def run_ids(methods: Sequence[str], budgets: Sequence[int]) -> list[str]:
         else:
             runs.append(run_id(method, None))
     return runs
+
+
+def power_panel_runs(config: Mapping[str, Any]) -> list[str]:
+    """The power panel's runs (`lossless.power_panel`): one per lossy verifier, none when it is off."""
+    panel = config.get("lossless", {}).get("power_panel") or {}
+    if not panel.get("verifiers") or "ddtree" not in config["methods"]:
+        return []
+    return [lossy_run_id(int(panel["budget"]), name) for name in panel["verifiers"]]
 
 
 def variant_by_name(config: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -79,6 +101,16 @@ def check_references(config: Mapping[str, Any], available_profiles: Sequence[str
         raise ValueError(f"throughput.variant: {config['throughput']['variant']!r} is not defined under 'variants'")
     if "ddtree" in config["methods"] and not config["budgets"]:
         raise ValueError("budgets: ddtree is among the methods, so at least one budget is needed")
+    panel = config.get("lossless", {}).get("power_panel") or {}
+    if panel.get("verifiers"):
+        from ddtree.core.lossy_verifiers import LOSSY_VERIFIERS
+
+        for name in panel["verifiers"]:
+            if name not in LOSSY_VERIFIERS:
+                raise ValueError(f"lossless.power_panel.verifiers: {name!r} is not one of {list(LOSSY_VERIFIERS)}")
+        for name in panel.get("variants", []):
+            if name not in names:
+                raise ValueError(f"lossless.power_panel.variants: {name!r} is not defined under 'variants'")
 
 
 def profile_pairs(
@@ -174,11 +206,16 @@ def build_plan(
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be at least 1, got {num_prompts}")
     method, budget = parse_run_id(run)
+    verifier = run_verifier(run)
     out = Path(out_dir)
     acceptance = config["acceptance"]
     throughput = config["throughput"]
     # ar and dflash ignore the budget; the server still gets a valid integer.
     server_budget = budget if budget is not None else int(min(config["budgets"] or [1]))
+    extra_args = server_extra_args(profile) + (["--verifier", verifier] if verifier != "exact" else [])
+    variants = acceptance["variants"]
+    if verifier != "exact":
+        variants = config["lossless"]["power_panel"]["variants"]
     plan: dict[str, Any] = {
         "server": {
             "engine": profile["engine"],
@@ -187,16 +224,18 @@ def build_plan(
             "budget": server_budget,
             "device": profile["device"],
             "dtype": profile["dtype"],
-            "extra_args": server_extra_args(profile),
+            "extra_args": extra_args,
             "health_timeout_s": int(profile["health_timeout_s"]),
             "log": str(server_log),
         },
         "prompts": str(prompts),
         "acceptance": {
-            "variants": [variant_by_name(config, name) for name in acceptance["variants"]],
+            "variants": [variant_by_name(config, name) for name in variants],
             "num_prompts": int(num_prompts),
             "max_new_tokens": int(acceptance["max_new_tokens"]),
             "samples_per_prompt": int(acceptance["samples_per_prompt"]),
+            # the run id enters every request seed: ar and each speculative run draw independent samples
+            "seed_salt": run,
         },
         "throughput": {
             "concurrency": [int(c) for c in throughput["concurrency"]],
@@ -204,7 +243,7 @@ def build_plan(
             "max_new_tokens": int(throughput["max_new_tokens"]),
             "variant": variant_by_name(config, throughput["variant"]),
         },
-        "tags": {"profile": profile_name, "pair": pair, "method": method, "budget": budget},
+        "tags": {"profile": profile_name, "pair": pair, "method": method, "budget": budget, "verifier": verifier},
         "out": {
             # Records and the session's own summary (written however the session ends) are not
             # Snakemake outputs: a failed or killed job keeps them and the rerun resumes. The
@@ -223,6 +262,8 @@ def build_plan(
             "variant": plan["throughput"]["variant"],
         }
         plan["out"]["sglang_bench"] = str(out / "records" / "sglang_bench.jsonl")
+    if verifier != "exact":  # the power panel measures acceptance only
+        del plan["throughput"]
     return plan
 
 

@@ -62,7 +62,7 @@ def manifest_hash(pair_dir: str | Path) -> dict[str, Any]:
     """sha256 of a pair's manifest.json and its corpus hash (the manifest's own, else of its corpus entry)."""
     path = Path(pair_dir) / "manifest.json"
     if not path.is_file():
-        return {"manifest_sha256": None, "corpus_sha256": None}
+        return {"manifest_sha256": None, "corpus_sha256": None, "training": None}
     raw = path.read_bytes()
     manifest = json.loads(raw)
     corpus = manifest.get("corpus")
@@ -72,7 +72,27 @@ def manifest_hash(pair_dir: str | Path) -> dict[str, Any]:
         corpus_hash = hashlib.sha256(json.dumps(corpus, sort_keys=True).encode()).hexdigest()
     else:
         corpus_hash = None
-    return {"manifest_sha256": hashlib.sha256(raw).hexdigest(), "corpus_sha256": corpus_hash}
+    return {"manifest_sha256": hashlib.sha256(raw).hexdigest(), "corpus_sha256": corpus_hash,
+            "training": training_summary(manifest)}
+
+
+def training_summary(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """What the report's header needs from an embedded pair's manifest (None for hub pairs): whether it was
+    trained to its schedule, why not, and the steps reached per phase."""
+    training = manifest.get("training")
+    if not isinstance(training, dict):
+        return None
+    phases = {name: training.get(name) or {} for name in ("target", "drafter")}
+    stopped = {name: phase.get("stopped_by") for name, phase in phases.items()}
+    # manifests written before `complete` existed: complete iff no phase stopped on its wall-clock limit
+    complete = training.get("complete", all(v in (None, "max_steps") for v in stopped.values()))
+    reason = training.get("incomplete_reason")
+    if not complete and not reason:
+        reason = "; ".join(f"the {name} stopped at step {phases[name].get('steps')} ({stopped[name]})"
+                           for name in phases if stopped[name] not in (None, "max_steps"))
+    return {"complete": bool(complete), "incomplete_reason": reason,
+            "target_steps": phases["target"].get("steps"), "drafter_steps": phases["drafter"].get("steps"),
+            "target_heldout_loss": phases["target"].get("heldout_loss")}
 
 
 def collect_environment(repo_dir: str | Path, pair_dirs: dict[str, str | Path]) -> dict[str, Any]:

@@ -8,7 +8,19 @@ token at a fixed output position j, one per (prompt, sample), has the same law u
 methods when the prompts are the same. Sequences are independent (distinct seeds), tokens
 within one sequence are not, so we test one position at a time: a chi-square test of
 homogeneity on the 2 x K table (method x token), rare tokens pooled into one category so
-every expected count is large enough, then Bonferroni over the positions tested.
+every expected count is large enough, then Bonferroni over the positions tested. Position 0 is
+the prefill's token, drawn the same way by every method: it is not tested.
+
+T > 0, second test (high power): each round records the accepted drafts a_r and their exact
+expectation e_r given the tree and the verify logits (sum over nodes of the target's path
+probability). For a lossless verifier E[a_r - e_r | past] = 0, so the differences are martingale
+differences and z = mean(d) / (sd(d) / sqrt(n)) over all rounds is asymptotically N(0, 1).
+
+Power, stated for each test: the z-test detects a per-round acceptance bias of
+`detectable_bias` drafts with probability 0.9 at level alpha (two-sided); the chi-square test
+at one position detects an effect of size `detectable_w` (Cohen's w = sqrt(sum (p1 - p0)^2 / p0)
+over the table's cells) with probability 0.9 at the Bonferroni level (noncentral chi-square with
+lambda = N w^2).
 """
 
 from __future__ import annotations
@@ -16,10 +28,55 @@ from __future__ import annotations
 from collections import Counter
 from typing import Mapping, Sequence
 
+import math
+
 import numpy as np
 
 DEFAULT_ALPHA = 0.01
+POWER = 0.9  # the power at which detectable effects are stated
 OTHER = -1  # the pooled category of rare tokens
+
+
+def acceptance_z_test(accepted: Sequence[float], expected: Sequence[float], *, alpha: float = DEFAULT_ALPHA,
+                      power: float = POWER) -> dict[str, float]:
+    """Observed vs exact expected accepted drafts over rounds (see the module docstring).
+
+    Returns rounds, observed and expected means, z, two-sided p_value, reject, and detectable_bias
+    (the per-round bias detected with probability `power` at `alpha`).
+    """
+    from scipy.stats import norm
+
+    d = np.asarray(accepted, dtype=np.float64) - np.asarray(expected, dtype=np.float64)
+    n = int(d.size)
+    base = {"rounds": n, "observed": float(np.mean(accepted)) if n else float("nan"),
+            "expected": float(np.mean(expected)) if n else float("nan"), "alpha": alpha}
+    sd = float(d.std(ddof=1)) if n > 1 else 0.0
+    if n < 2:
+        return {**base, "z": 0.0, "p_value": 1.0, "reject": False, "detectable_bias": float("nan")}
+    if sd == 0.0:  # every round differs by the same amount: any nonzero difference is certain
+        shift = float(d.mean())
+        return {**base, "z": 0.0 if shift == 0 else math.copysign(math.inf, shift),
+                "p_value": 1.0 if shift == 0 else 0.0, "reject": shift != 0, "detectable_bias": 0.0}
+    z = float(d.mean() / (sd / math.sqrt(n)))
+    p_value = float(2.0 * norm.sf(abs(z)))
+    detectable = (norm.isf(alpha / 2) + norm.ppf(power)) * sd / math.sqrt(n)
+    return {**base, "z": z, "p_value": p_value, "reject": bool(p_value < alpha), "detectable_bias": float(detectable)}
+
+
+def chi2_detectable_w(total: int, dof: int, level: float, power: float = POWER) -> float:
+    """Cohen's w that a chi-square test with `dof` degrees of freedom over `total` observations detects
+    with probability `power` at `level` (nan for a degenerate table)."""
+    from scipy.optimize import brentq
+    from scipy.stats import chi2, ncx2
+
+    if total < 1 or dof < 1:
+        return float("nan")
+    critical = chi2.isf(level, dof)
+
+    def gap(w: float) -> float:
+        return float(ncx2.sf(critical, dof, total * w * w)) - power
+
+    return float(brentq(gap, 1e-6, 50.0))
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -131,6 +188,7 @@ def sampled_token_test(
     for row in rows:
         row["alpha"] = alpha
         row["reject"] = bool(row["p_value"] < level)
+        row["detectable_w"] = chi2_detectable_w(int(row["n_a"] + row["n_b"]), int(row["dof"]), level)
     min_p = min(row["p_value"] for row in rows)
     rows.append(
         {
@@ -144,6 +202,8 @@ def sampled_token_test(
             "p_value": float(min(1.0, min_p * len(positions))),  # Bonferroni-adjusted
             "alpha": alpha,
             "reject": any(row["reject"] for row in rows),
+            "detectable_w": float(np.nanmax([r["detectable_w"] for r in rows]))
+            if any(not math.isnan(r["detectable_w"]) for r in rows) else float("nan"),
         }
     )
     return rows

@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ddtree.pipeline.conclusions import _exact
+
 TABLE_NAMES = ("acceptance", "accept_hist", "throughput", "stages", "speedup", "greedy_match", "sampling_test",
-               "environment")
+               "acceptance_test", "environment")
 STAGE_ORDER = ["draft", "tree_build", "tree_compile", "verify", "commit"]
 
 
@@ -76,8 +78,11 @@ def speedup_tau_panel(tables: dict[str, pd.DataFrame]) -> Panel:
         panel.notes.append("No acceptance records: speedup and tau cannot be shown.")
         return panel
     speed = _with_run(speed)
-    panel.table = speed[["pair", "dataset", "variant", "temperature", "run", "requests", "tau", "mean_tpot",
-                         "ar_mean_tpot", "speedup"]]
+    # one row per run, one column pair per variant: tau and speedup (ms per token in the sweep panel)
+    wide = speed.pivot_table(index="run", columns="variant", values=["speedup", "tau"], sort=False)
+    wide = wide.reindex([r for r in _run_order(speed) if r in wide.index])
+    wide.columns = [f"{metric} {variant}" for metric, variant in wide.columns]
+    panel.table = wide.reset_index()
     if speed["ar_mean_tpot"].isna().all():
         panel.notes.append("No ar baseline in these runs: speedup is undefined (tau is still shown).")
     ddtree = speed[speed["method"] == "ddtree"]
@@ -102,6 +107,51 @@ def speedup_tau_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     return panel
 
 
+def temperature_sweep_panel(tables: dict[str, pd.DataFrame]) -> Panel:
+    """tau, expected tau and speedup over ar against the temperature (best ddtree budget per variant and
+    dflash), and the target's per-token entropy at each variant; top-k / top-p variants as separate points."""
+    from ddtree.pipeline.conclusions import conclusions_table
+
+    panel = Panel("Temperature sweep")
+    table = conclusions_table(tables)
+    if table.empty:
+        panel.notes.append("No ddtree speedup against ar: no temperature sweep.")
+        return panel
+    table = table.sort_values(["temperature", "variant"])
+    panel.table = table[["variant", "temperature", "top_k", "top_p", "target_entropy", "best_budget", "ddtree_tau",
+                         "ddtree_expected_tau", "dflash_tau", "ddtree_ms_per_token", "ar_ms_per_token",
+                         "speedup_vs_ar", "dflash_speedup_vs_ar"]].rename(columns={
+        "target_entropy": "entropy (nats)", "best_budget": "budget", "ddtree_tau": "tau", "ddtree_expected_tau": "1 + E[accepted]",
+        "ddtree_ms_per_token": "ms/token", "ar_ms_per_token": "ar ms/token", "speedup_vs_ar": "speedup",
+        "dflash_speedup_vs_ar": "dflash speedup"})
+    if table["temperature"].nunique() < 3:
+        panel.notes.append(f"Only {table['temperature'].nunique()} temperature(s) ran: the sweep is thin.")
+    plt, _ = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    plain = (table["top_k"].astype(int) <= 0) & (table["top_p"].astype(float) >= 1.0)
+    for ax, (metric, dflash, title) in zip(axes, (
+            ("speedup_vs_ar", "dflash_speedup_vs_ar", "speedup over ar (best budget)"),
+            ("ddtree_tau", "dflash_tau", "tau (o; x: 1 + exact E[accepted drafts])"),
+            ("target_entropy", None, "target entropy per token (nats)"))):
+        ax.plot(table[plain]["temperature"], table[plain][metric], marker="o", label="ddtree")
+        if metric == "ddtree_tau":
+            ax.plot(table[plain]["temperature"], table[plain]["ddtree_expected_tau"], marker="x", ls=":",
+                    label="ddtree expected")
+        if dflash:
+            ax.plot(table[plain]["temperature"], table[plain][dflash], marker="o", ls="--", label="dflash")
+        for row in table[~plain].itertuples():
+            ax.scatter([row.temperature], [getattr(row, metric)], marker="s", color="black")
+            ax.annotate(row.variant, (row.temperature, getattr(row, metric)), fontsize=8, xytext=(4, 4),
+                        textcoords="offset points")
+        if metric == "speedup_vs_ar":
+            ax.axhline(1.0, color="black", lw=0.8)
+        ax.set(xlabel="temperature", title=title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    panel.figure = fig
+    return panel
+
+
 def accept_hist_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     """Per-round accept-length distribution, greedy vs sampled, for dflash and the largest ddtree budget."""
     panel = Panel("Accept-length distribution, greedy vs sampled")
@@ -113,7 +163,10 @@ def accept_hist_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     hist = _with_run(hist)
     largest = hist[hist["method"] == "ddtree"]["budget"].max()
     keep = hist[(hist["method"] == "dflash") | (hist["budget"] == largest)]
-    panel.table = keep[["pair", "run", "variant", "temperature", "accept_len", "rounds", "fraction"]]
+    # one row per (run, variant), one column per accepted length: the fraction of rounds
+    wide = keep.pivot_table(index=["run", "variant"], columns="accept_len", values="fraction", fill_value=0.0)
+    wide.columns = [f"{int(c)}" for c in wide.columns]
+    panel.table = wide.reset_index()
     plt, sns = _plt()
     runs = _run_order(keep)
     # One variant order (greedy first, then by temperature) so colours agree across panels.
@@ -161,8 +214,11 @@ def throughput_panel(tables: dict[str, pd.DataFrame]) -> Panel:
         panel.notes.append("No throughput records.")
         return panel
     thr = _with_run(thr)
-    panel.table = thr[["pair", "run", "concurrency", "requests", "errors", "output_tok_per_s", "mean_e2e_latency",
-                       "p90_e2e_latency", "mean_ttft", "mean_tpot"]]
+    panel.table = pd.DataFrame({
+        "run": thr["run"], "concurrency": thr["concurrency"], "requests": thr["requests"], "errors": thr["errors"],
+        "tokens/s": thr["output_tok_per_s"], "p50 latency ms": 1e3 * thr["p50_e2e_latency"],
+        "p90 latency ms": 1e3 * thr["p90_e2e_latency"], "ttft ms": 1e3 * thr["mean_ttft"],
+        "ms/token": 1e3 * thr["mean_tpot"]})
     if thr["concurrency"].nunique() < 2:
         panel.notes.append("Only one concurrency level ran.")
     if thr["errors"].sum() > 0:
@@ -191,11 +247,11 @@ def stages_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     per_run = (stages.groupby(["run", "stage"], dropna=False)
                .agg(seconds=("seconds", "sum"), rounds=("rounds", "sum")).reset_index())
     per_run["ms_per_round"] = 1e3 * per_run["seconds"] / per_run["rounds"].replace(0, np.nan)
-    panel.table = per_run
     wide = per_run.pivot(index="run", columns="stage", values="ms_per_round").fillna(0.0)
     wide = wide.reindex(index=[r for r in _run_order(stages) if r in wide.index],
                         columns=[s for s in STAGE_ORDER if s in wide.columns] +
                         [s for s in wide.columns if s not in STAGE_ORDER])
+    panel.table = wide.assign(total=wide.sum(axis=1)).rename_axis(columns=None).reset_index()  # ms per round
     plt, _ = _plt()
     fig, ax = plt.subplots(figsize=(8, 4))
     wide.plot(kind="bar", stacked=True, ax=ax)
@@ -205,56 +261,89 @@ def stages_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     return panel
 
 
+def _run_with_verifier(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = _with_run(frame)
+    verifier = frame["verifier"].fillna("exact") if "verifier" in frame else pd.Series("exact", index=frame.index)
+    frame["run"] = [run if v == "exact" else f"{run} LOSSY:{v}" for run, v in zip(frame["run"], verifier)]
+    return frame
+
+
 def lossless_panel(tables: dict[str, pd.DataFrame]) -> Panel:
-    """T = 0 match rate against ar by prompt; T > 0 chi-square p-values against alpha."""
-    panel = Panel("Losslessness")
-    match = tables.get("greedy_match", pd.DataFrame())
+    """T = 0 match rate against ar; T > 0 token-law chi-square (vs ar) and observed-vs-expected acceptance
+    z-test, for the exact runs and the power panel's deliberately lossy runs (labelled LOSSY)."""
+    panel = Panel("Losslessness (with the power panel)")
+    match = _exact(tables.get("greedy_match", pd.DataFrame()))
     test = tables.get("sampling_test", pd.DataFrame())
+    ztest = tables.get("acceptance_test", pd.DataFrame())
     if match.empty:
         panel.notes.append("No T = 0 comparison against ar (ar or a greedy variant did not run).")
     if test.empty:
         panel.notes.append("No T > 0 comparison against ar (ar or a sampled variant did not run).")
-    if match.empty and test.empty:
+    if match.empty and test.empty and ztest.empty:
         return panel
+    if not ztest.empty and not (ztest["verifier"] != "exact").any():
+        panel.notes.append("The power panel did not run (lossless.power_panel.verifiers is empty): the tests' "
+                           "power is stated below but not shown on a lossy verifier.")
     plt, sns = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
     parts = []
     if not match.empty:
         match = _with_run(match)
-        sns.barplot(data=match, x="run", y="match_rate", hue="variant", ax=axes[0], errorbar=None)
-        axes[0].set(ylim=(0, 1.05), title="T = 0: output identical to ar (by prompt)")
-        parts.append(match.assign(kind="T=0 match")[["kind", "pair", "run", "variant", "n", "match_rate",
-                                                      "mean_prefix_fraction"]])
+        sns.barplot(data=match, x="run", y="match_rate", ax=axes[0], errorbar=None, color="tab:blue")
+        axes[0].set(ylim=(0, 1.05), title="T = 0: output identical to ar (by prompt)", xlabel="")
+        parts.append(pd.DataFrame({"test": "T=0 match", "run": match["run"], "variant": match["variant"],
+                                   "n": match["n"], "value": match["match_rate"], "reject": False,
+                                   "power": "exact identity (float32)"}))
     if not test.empty:
-        test = _with_run(test)
+        test = _run_with_verifier(test)
         combined = test[test["position"] == -1].copy()
         alpha = float(combined["alpha"].iloc[0]) if len(combined) else float("nan")
         combined["neg_log10_p"] = -np.log10(combined["p_value"].clip(lower=1e-300))
-        sns.barplot(data=combined, x="run", y="neg_log10_p", hue="variant", ax=axes[1], errorbar=None)
-        axes[1].axhline(-math.log10(alpha), color="red", ls="--", label=f"alpha = {alpha}")
-        axes[1].set(title="T > 0: chi-square vs ar (Bonferroni p; above red = reject)", ylabel="-log10 p")
-        axes[1].legend()
-        rejects = combined[combined["reject"]]
-        if len(rejects):
-            panel.notes.append(f"T > 0 test rejects at alpha = {alpha} for: "
-                               + ", ".join(f"{r.run}/{r.variant}" for r in rejects.itertuples()))
-        parts.append(combined.assign(kind="T>0 test")[["kind", "pair", "run", "variant", "n_a", "n_b", "p_value",
-                                                        "alpha", "reject"]])
+        sns.barplot(data=combined, x="neg_log10_p", y="run", hue="variant", ax=axes[1], errorbar=None, orient="h")
+        axes[1].axvline(-math.log10(alpha), color="red", ls="--", label=f"alpha = {alpha}")
+        axes[1].set(title="T > 0 token law vs ar: -log10 Bonferroni p", ylabel="", xlabel="right of red = reject")
+        parts.append(pd.DataFrame({
+            "test": "T>0 token law (chi-square)", "run": combined["run"], "variant": combined["variant"],
+            "n": combined["n_a"].astype(int).astype(str) + " vs " + combined["n_b"].astype(int).astype(str),
+            "value": combined["p_value"], "reject": combined["reject"],
+            "power": [f"w = {x:.2f} w.p. 0.9" for x in combined["detectable_w"]]}))
+    if not ztest.empty:
+        ztest = _run_with_verifier(ztest)
+        alpha = float(ztest["alpha"].iloc[0])
+        from scipy.stats import norm
+
+        ztest["abs_z"] = ztest["z"].abs().clip(upper=50)
+        sns.barplot(data=ztest, x="abs_z", y="run", hue="variant", ax=axes[2], errorbar=None, orient="h")
+        axes[2].axvline(norm.isf(alpha / 2), color="red", ls="--", label=f"alpha = {alpha}")
+        axes[2].set(title="T > 0 observed vs expected acceptance: |z|", ylabel="", xlabel="right of red = reject")
+        parts.append(pd.DataFrame({
+            "test": "T>0 acceptance (z)", "run": ztest["run"], "variant": ztest["variant"],
+            "n": ztest["rounds"].astype(int).astype(str) + " rounds", "value": ztest["z"], "reject": ztest["reject"],
+            "power": [f"bias {x:.3f}/round w.p. 0.9" for x in ztest["detectable_bias"]]}))
+    for ax in axes[1:]:
+        if ax.get_legend() is not None:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     panel.figure = fig
-    panel.table = pd.concat(parts, ignore_index=True)
+    panel.table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     return panel
 
 
+def exact_runs(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """The tables without the power panel's lossy runs (they appear in the losslessness panel only)."""
+    return {name: _exact(frame) for name, frame in tables.items()}
+
+
 def profile_panels(tables: dict[str, pd.DataFrame]) -> list[Panel]:
-    return [speedup_tau_panel(tables), accept_hist_panel(tables), observed_expected_panel(tables),
-            throughput_panel(tables), stages_panel(tables), lossless_panel(tables)]
+    exact = exact_runs(tables)
+    return [speedup_tau_panel(exact), temperature_sweep_panel(exact), accept_hist_panel(exact),
+            observed_expected_panel(exact), throughput_panel(exact), stages_panel(exact), lossless_panel(tables)]
 
 
 def hardware_summary(tables: dict[str, pd.DataFrame]) -> Panel:
     """Across profiles: the best ddtree budget per (profile, pair, variant) against dflash."""
     panel = Panel("Across hardware: best budget per profile")
-    speed = tables.get("speedup", pd.DataFrame())
+    speed = _exact(tables.get("speedup", pd.DataFrame()))
     if speed.empty:
         panel.notes.append("No acceptance records in any profile.")
         return panel

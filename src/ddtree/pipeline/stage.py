@@ -1,4 +1,7 @@
-"""Staging hub model pairs into the pair layout (target/, drafter/, manifest.json).
+"""Staging model pairs into the pair layout (target/, drafter/, manifest.json).
+
+Shipped embedded pairs (`weights: shipped`) are copied from the package (`ddtree/models/embedded/`)
+after every file is checked against the pair's SHA256SUMS; hub pairs are downloaded.
 
 Offline is detected cheaply and up front (HF_HUB_OFFLINE, or a HEAD request to the hub
 with a short timeout) so that a configured hub pair fails at once with a message naming
@@ -151,3 +154,71 @@ def stage_hub_dataset(name: str, dataset_cfg: Mapping[str, Any], out_dir: str | 
         token=os.environ.get("HF_TOKEN") or None,
     )
     return Path(path)
+
+
+SHIPPED_ROOT = Path(__file__).resolve().parents[1] / "models" / "embedded"
+CHECKSUMS = "SHA256SUMS"
+
+
+class ShippedPairError(RuntimeError):
+    """A shipped pair is missing or a file does not match its recorded sha256."""
+
+
+def shipped_pair_dir(size: str, seed: int) -> Path:
+    """Where the package keeps the trained `size` pair of `seed` (`ddtree train-pair` reproduces it)."""
+    return SHIPPED_ROOT / f"{size}-seed{int(seed)}"
+
+
+def write_checksums(pair_dir: str | Path) -> Path:
+    """SHA256SUMS (sha256sum format, sorted relative paths) over every file of a pair directory."""
+    root = Path(pair_dir)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+    lines = [f"{file_sha256(p)}  {p.relative_to(root).as_posix()}" for p in files]
+    out = root / CHECKSUMS
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def verify_checksums(pair_dir: str | Path) -> dict[str, str]:
+    """{relative path: sha256} of a pair directory, after checking every file against its SHA256SUMS.
+
+    Raises ShippedPairError naming the first missing or changed file (a file not listed is an error
+    too: the pair would not be the one that was recorded)."""
+    root = Path(pair_dir)
+    sums = root / CHECKSUMS
+    if not sums.is_file():
+        raise ShippedPairError(f"{sums} is missing: {root} is not a shipped pair")
+    recorded: dict[str, str] = {}
+    for line in sums.read_text().splitlines():
+        digest, _, rel = line.partition("  ")
+        recorded[rel] = digest
+    present = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.name != CHECKSUMS}
+    for rel in sorted(set(recorded) | present):
+        if rel not in present:
+            raise ShippedPairError(f"shipped pair {root}: {rel} is listed in {CHECKSUMS} but missing")
+        if rel not in recorded:
+            raise ShippedPairError(f"shipped pair {root}: {rel} is not listed in {CHECKSUMS}")
+        actual = file_sha256(root / rel)
+        if actual != recorded[rel]:
+            raise ShippedPairError(f"shipped pair {root}: {rel} has sha256 {actual}, recorded {recorded[rel]}")
+    return recorded
+
+
+def stage_shipped_pair(size: str, seed: int, pair_dir: str | Path) -> dict[str, Any]:
+    """Copy the verified shipped pair (SHA256SUMS included) into `pair_dir`, check the copy again and
+    return its manifest (the one `ddtree train-pair` wrote when the pair was trained)."""
+    import shutil
+
+    source = shipped_pair_dir(size, seed)
+    if not source.is_dir():
+        raise ShippedPairError(
+            f"no shipped {size!r} pair for seed {seed} under {SHIPPED_ROOT}; set `weights: train` for this "
+            f"pair (the job then runs `ddtree train-pair --size {size} --seed {seed}`)"
+        )
+    verify_checksums(source)
+    root = Path(pair_dir)
+    if root.exists():
+        shutil.rmtree(root)
+    shutil.copytree(source, root)
+    verify_checksums(root)
+    return json.loads((root / "manifest.json").read_text())

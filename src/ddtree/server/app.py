@@ -161,6 +161,8 @@ def build_meta_info(
         "accept_lens": [int(x) for x in output.accept_lens],
         "expected_accept_lens": expected,
         "stage_times": {k: float(v) for k, v in output.stage_times.items()},
+        # per round, nats: the target's processed next-token entropy at the round's root (speculative methods)
+        "entropies": [float(x) for x in getattr(output, "entropies", [])],
         # the engine reports what it actually ran (budget 0 for ar, the chain length for dflash)
         "method": method,
         "budget": getattr(output, "budget", 0) if getattr(output, "method", "") else parsed.budget or state.budget,

@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch intra-op CPU threads (default: torch's). Decoding runs in a worker thread; on small CPU "
         "models one thread avoids two OpenMP teams contending for the cores",
     )
+    parser.add_argument("--verifier", default="exact",
+                        help="sampling verifier (ddtree.core.lossy_verifiers); anything but 'exact' is LOSSY, "
+                             "for the report's power panel only")
+    parser.add_argument("--tree-sampling", action="store_true",
+                        help="build sampled requests' trees on the drafter marginals processed like the target's")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -90,7 +95,8 @@ def build_app(args: argparse.Namespace) -> Any:
     from ddtree.engine.batched import make_engine
 
     engine = make_engine(pair, method=args.method, budget=args.budget, device=args.device, dtype=dtype,
-                         max_batch=args.max_batch, max_seq_len=args.max_seq_len)
+                         max_batch=args.max_batch, max_seq_len=args.max_seq_len, verifier=args.verifier,
+                         tree_sampling=args.tree_sampling)
     if hasattr(engine, "warmup"):  # CUDA graphs of every batch bucket, captured before the first request
         engine.warmup([(args.method, args.budget)] + ([("ar", 1)] if args.method != "ar" else []))
     return create_app(
