@@ -1,0 +1,58 @@
+"""Fixtures for the SGLang plugin tests (CPU, against the real sglang 0.5.23 package).
+
+SGLang's Triton kernels are decorated when their modules are imported, and Triton decides then whether a
+kernel is interpreted: the modules the tests launch are imported here with TRITON_INTERPRET=1, and the
+variable is restored afterwards so the rest of the suite runs as it would alone. Every test module skips
+when sglang is not importable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+KERNEL_MODULES = (
+    "sglang.kernels.ops.speculative.spec_tree",
+    "sglang.kernels.ops.attention.extend_attention",
+    "sglang.kernels.ops.speculative.cache_locs",
+    "sglang.kernels.ops.speculative.eagle",
+    "sglang.kernels.ops.kvcache.cache_move",
+)
+
+
+def _import_interpreted() -> None:
+    if importlib.util.find_spec("sglang") is None:
+        return
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        for name in KERNEL_MODULES:
+            importlib.import_module(name)
+    finally:
+        if previous is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+
+
+_import_interpreted()
+
+
+@pytest.fixture(scope="session")
+def sglang_pair(tmp_path_factory) -> Path:
+    """A tiny untrained pair (block-8 drafter) plus `drafter16/`, the same drafter declaring block 16."""
+    from ddtree.models.pair import random_pair
+
+    root = random_pair(tmp_path_factory.mktemp("sglang_pair"), size="tiny", seed=0)
+    shutil.copytree(root / "drafter", root / "drafter16")
+    config_path = root / "drafter16" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["block_size"] = 16
+    config_path.write_text(json.dumps(config))
+    return root
