@@ -222,7 +222,7 @@ def validate_server_args(cfg: Any) -> None:
     if attn_dp_enabled_of(cfg):
         refuse("does not support DP attention (--enable-dp-attention / --attn-dp-size > 1)")
     if bool(cfg.enable_lora) or bool(cfg.lora_paths):
-        refuse("does not support LoRA (--enable-lora / --lora-paths): the verify width N differs per algorithm")
+        refuse("does not support LoRA (--enable-lora / --lora-paths): its verify segments assume a uniform chain width, and DDTREE verifies N tree nodes per request")
     if cfg.speculative_draft_window_size is not None:
         refuse("does not support --speculative-draft-window-size (the drafter keeps its full context)")
     if cfg.speculative_use_rejection_sampling or cfg.speculative_use_block_verification:
