@@ -1,9 +1,9 @@
 """Fixtures for the SGLang plugin tests (CPU, against the real sglang 0.5.23 package).
 
 SGLang's Triton kernels are decorated when their modules are imported, and Triton decides then whether a
-kernel is interpreted: the modules the tests launch are imported here with TRITON_INTERPRET=1, and the
-variable is restored afterwards so the rest of the suite runs as it would alone. Every test module skips
-when sglang is not importable.
+kernel is interpreted (and checks again at launch): the modules the tests launch are imported here with
+TRITON_INTERPRET=1, the variable stays set while this directory's tests run and is restored after them,
+so the rest of the suite runs as it would alone. Every test module skips when sglang is not importable.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 KERNEL_MODULES = (
+    "triton.experimental.gluon",  # imported lazily at the first interpreted launch; asserts the mode
     "sglang.kernels.ops.speculative.spec_tree",
     "sglang.kernels.ops.attention.extend_attention",
     "sglang.kernels.ops.speculative.cache_locs",
@@ -42,6 +43,17 @@ def _import_interpreted() -> None:
 
 
 _import_interpreted()
+
+
+@pytest.fixture(scope="package", autouse=True)
+def triton_interpreter():
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    yield
+    if previous is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = previous
 
 
 @pytest.fixture(scope="session")
