@@ -126,3 +126,28 @@ def test_trtllm_mha_is_refused_with_its_reason(sglang_pair):
     cfg = SimpleNamespace(**{**resolved, "attention_backend": "trtllm_mha", "speculative_dflash_block_size": None})
     with pytest.raises(DDTreeArgumentError, match=r"'trtllm_mha'.*linear chains only.*--attention-backend triton"):
         validate_server_args(cfg)
+
+
+@pytest.mark.parametrize("profile", ["b300-x8", "rtx-pro-6000-x8"])
+def test_the_pipelines_ddtree_command_resolves(sglang_pair, profile):
+    """The command the benchmark session starts for a ddtree run on an SGLang profile, as SGLang parses it."""
+    from pathlib import Path
+
+    import yaml
+    from sglang.srt.server_args import prepare_server_args
+
+    from ddtree.bench.session import server_command
+    from ddtree.pipeline.config import server_extra_args
+
+    hw = yaml.safe_load((Path(__file__).parents[2] / "config" / "hardware" / f"{profile}.yaml").read_text())
+    server = {"engine": "sglang", "model": str(sglang_pair), "method": "ddtree", "budget": 64,
+              "dtype": hw["dtype"], "extra_args": server_extra_args(hw)}
+    cmd = server_command(server, "127.0.0.1", 30000)
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    load_plugins()
+    args = prepare_server_args([*cmd[3:], "--device", "cuda"])
+    args.resolve_once()
+    r = args.resolved_dict()
+    assert (r["speculative_algorithm"], r["speculative_num_draft_tokens"], r["tp_size"]) == ("DDTREE", 65, 8)
+    assert r["attention_backend"] == "triton" and r["disable_overlap_schedule"] is True
+    assert r["max_running_requests"] == 48 and r["cuda_graph_config"]["decode"]["max_bs"] == 48

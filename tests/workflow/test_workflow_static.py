@@ -177,3 +177,16 @@ def test_readme_has_exactly_two_quick_start_commands_and_ci_runs_the_test_one():
     lines = [line for line in ci.splitlines() if line and not line.startswith("#")]
     assert lines[-1] == tests
     assert lines.index("python -m pip install torch==2.13.0") < lines.index(tests)
+
+
+def test_sglang_profile_dry_run_lists_ddtree_and_prints_the_plugin_check(workdir):
+    done = snakemake(workdir, "-n", "-p", "--cores", "1", "--config", "hardware=[b300-x8]")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    budgets = yaml.safe_load((workdir / "config" / "config.yaml").read_text())["budgets"]
+    for run in ["ar", "dflash", *(f"ddtree-b{b}" for b in budgets)]:
+        assert re.search(rf"rule benchmark:.*?wildcards: profile=b300-x8, pair=[^,]+, run={re.escape(run)}\b", out, re.S), run
+    assert re.search(rf"^benchmark\s+{2 + len(budgets)}$", out, re.M)
+    assert "skipped" not in out
+    assert re.search(r"check the DDTREE plugin on the GPU host first with: python -m ddtree\.sglang\.check "
+                     r"--model resources/models/\S+ --budget \d+ -- .*--tp-size 8", out), out[-3000:]

@@ -34,6 +34,11 @@ DEFAULT_MAX_VERIFY_ROWS = 4096
 DFLASH_DEFAULT_MAX_RUNNING_REQUESTS = 48
 
 
+def default_max_running_requests(n: int) -> int:
+    """Running requests for N verify nodes each: DFlash's 48, fewer when N is large (verify rows ~ 4096)."""
+    return max(1, min(DFLASH_DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_MAX_VERIFY_ROWS // n))
+
+
 class DDTreeArgumentError(ValueError):
     """A server argument DDTREE cannot run with; the message says which and why."""
 
@@ -300,7 +305,7 @@ def handle_server_args(cfg: Any) -> None:
     if _raw_input(cfg, "speculative_draft_attention_backend") is None:
         cfg.speculative_draft_attention_backend = verify_attention_backend(cfg)
     if _raw_input(cfg, "max_running_requests") is None:
-        cfg.max_running_requests = max(1, min(DFLASH_DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_MAX_VERIFY_ROWS // n))
+        cfg.max_running_requests = default_max_running_requests(n)
         logger.warning(
             "DDTREE: max running requests defaults to %d for N = %d verify nodes per request; set "
             "--max-running-requests to override",
