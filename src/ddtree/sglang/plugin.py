@@ -26,7 +26,6 @@ ALGORITHM = "DDTREE"
 TREE_MASK_BACKENDS = ("triton", "flashinfer")
 REFUSED_BACKENDS = {
     "fa3": "fa3 ignores a custom attention mask at topk 1",
-    "fa4": "fa4 ignores a custom attention mask at topk 1",
     "trtllm_mha": "trtllm_mha verifies linear chains only",
 }
 # Logits rows per verify step are max_running_requests x N: the default keeps them near DFlash's 48 x 16 x 5.
