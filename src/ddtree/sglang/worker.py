@@ -302,7 +302,10 @@ class DDTreeWorker(DFlashWorkerV2):
 
         # 3) verify: one target forward over the tree
         seq_lens_sum = batch.seq_lens_sum
-        mask = verify_mask(tree.parents, prefix_lens, int(verify_mask_numel(prefix_lens, n)))
+        mask_numel = (  # sum_b N * (L_b + N), from the host sum when the scheduler has one (no device read)
+            n * int(seq_lens_sum) + bs * n * n if seq_lens_sum is not None else int(verify_mask_numel(prefix_lens, n))
+        )
+        mask = verify_mask(tree.parents, prefix_lens, mask_numel)
         verify_input = DFlashVerifyInput(
             draft_token=candidates.reshape(-1),
             positions=verify_positions(prefix_lens, tree.depths),
