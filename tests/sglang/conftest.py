@@ -13,6 +13,8 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,34 @@ KERNEL_MODULES = (
     "sglang.kernels.ops.speculative.eagle",
     "sglang.kernels.ops.kvcache.cache_move",
 )
+
+
+# Triton imported before this conftest (by earlier tests of a full-suite run) can leave the interpreter
+# unable to patch `tl` helpers inside SGLang's kernels ("Cannot call @triton.jit'd outside of the scope of
+# a kernel"). Tests that launch SGLang kernels are then run in a clean subprocess (same test, same
+# assertions), one per test function; standalone runs of tests/sglang stay in-process.
+TAINTED = "triton" in sys.modules
+CLEAN_ENV = "DDTREE_SGLANG_CLEAN_PROCESS"
+_clean_runs: dict[str, subprocess.CompletedProcess] = {}
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "sglang_kernels: launches SGLang Triton kernels under the interpreter")
+
+
+def pytest_pyfunc_call(pyfuncitem):
+    if not (TAINTED and pyfuncitem.get_closest_marker("sglang_kernels") and not os.environ.get(CLEAN_ENV)):
+        return None
+    function_id = pyfuncitem.nodeid.split("[", 1)[0]
+    if function_id not in _clean_runs:
+        env = {**os.environ, CLEAN_ENV: "1", "TRITON_INTERPRET": "1"}
+        _clean_runs[function_id] = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", function_id],
+            cwd=pyfuncitem.config.rootpath, env=env, capture_output=True, text=True, timeout=900,
+        )
+    done = _clean_runs[function_id]
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    return True
 
 
 def _import_interpreted() -> None:

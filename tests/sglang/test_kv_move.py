@@ -9,6 +9,7 @@ import pytest
 import torch
 
 pytest.importorskip("sglang")
+pytestmark = pytest.mark.sglang_kernels
 
 from ddtree.sglang.glue import KernelOutputs, accepted_paths  # noqa: E402
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 pytest.importorskip("sglang")
+pytestmark = pytest.mark.sglang_kernels
 
 from ddtree.core.attention import ancestor_mask  # noqa: E402
 from ddtree.core.build import build_tree  # noqa: E402

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 pytest.importorskip("sglang")
+pytestmark = pytest.mark.sglang_kernels
 
 from ddtree.core.build import build_tree  # noqa: E402
 from ddtree.core.retrieve import encode_retrieve  # noqa: E402
