@@ -143,16 +143,41 @@ def test_stale_records_are_reset_and_matching_ones_kept(tmp_path):
 
 
 
-def test_sglang_profiles_skip_ddtree_runs_with_a_note_naming_profile_and_method() -> None:
-    from ddtree.pipeline.config import runs_for_profile, unsupported_note
+def test_sglang_plans_give_each_method_its_server_arguments(tmp_path) -> None:
+    """On an SGLang profile ar runs plain, dflash the built-in DFLASH, ddtree the plugin with N = budget + 1
+    and running requests / decode graph batch sizes bounded for N tokens per request."""
+    from ddtree.bench.session import server_command
+    from ddtree.pipeline.config import sglang_check_command
 
-    sglang = {**PROFILE, "engine": "sglang"}
-    runs = ["ar", "dflash", "ddtree-b16", "ddtree-b64"]
-    assert runs_for_profile(runs, PROFILE) == runs
-    assert runs_for_profile(runs, sglang) == ["ar", "dflash"]
-    assert unsupported_note("cpu", PROFILE, ["ar", "dflash", "ddtree"]) is None
-    note = unsupported_note("b300-x8", sglang, ["ar", "dflash", "ddtree"])
-    assert note is not None and "'b300-x8'" in note and "'sglang'" in note and "ddtree" in note
+    sglang = {**PROFILE, "engine": "sglang", "device": "cuda", "tensor_parallel_size": 8,
+              "server_args": ["--attention-backend", "triton", "--mem-fraction-static", "0.85"]}
+    (tmp_path / "m" / "target").mkdir(parents=True)
+    (tmp_path / "m" / "drafter").mkdir()
+
+    def command(run: str) -> list[str]:
+        plan = build_plan(CONFIG, "b300-x8", sglang, "embedded-small", run, model_dir=str(tmp_path / "m"),
+                          prompts="p.jsonl", num_prompts=4, out_dir=str(tmp_path / run), server_log="s.log")
+        return server_command(plan["server"], "127.0.0.1", 30000)
+
+    def value(cmd: list[str], flag: str) -> str | None:
+        return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+    ar, dflash, ddtree = command("ar"), command("dflash"), command("ddtree-b256")
+    assert "--speculative-algorithm" not in ar
+    assert value(dflash, "--speculative-algorithm") == "DFLASH" and "--speculative-num-draft-tokens" not in dflash
+    assert value(ddtree, "--speculative-algorithm") == "DDTREE"
+    assert value(ddtree, "--speculative-draft-model-path") == str(tmp_path / "m" / "drafter")
+    assert value(ddtree, "--speculative-num-draft-tokens") == "257"
+    assert value(ddtree, "--max-running-requests") == value(ddtree, "--cuda-graph-max-bs-decode") == "15"
+    for cmd in (ar, dflash, ddtree):
+        assert value(cmd, "--tp-size") == "8" and value(cmd, "--attention-backend") == "triton"
+    # a profile's own bound wins
+    sglang["server_args"] = [*sglang["server_args"], "--max-running-requests", "4"]
+    bounded = command("ddtree-b64")
+    assert bounded.count("--max-running-requests") == 1 and value(bounded, "--cuda-graph-max-bs-decode") == "4"
+    check = sglang_check_command(sglang, "resources/models/qwen3-8b", 64)
+    assert check.startswith("python -m ddtree.sglang.check --model resources/models/qwen3-8b --budget 64 -- ")
+    assert "--tp-size 8" in check
 
 
 def test_profile_pairs_apply_the_profiles_replacements():

@@ -185,6 +185,20 @@ def test_readme_has_exactly_two_quick_start_commands_and_ci_runs_the_test_one():
     assert "torch==2.14.1" in install and "sglang==0.5.23" in install
 
 
+
+def test_sglang_profile_dry_run_lists_ddtree_and_prints_the_plugin_check(workdir):
+    done = snakemake(workdir, "-n", "-p", "--cores", "1", "--config", "hardware=[b300-x8]")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    budgets = yaml.safe_load((workdir / "config" / "config.yaml").read_text())["budgets"]
+    for run in ["ar", "dflash", *(f"ddtree-b{b}" for b in budgets)]:
+        assert re.search(rf"rule benchmark:.*?wildcards: profile=b300-x8, pair=[^,]+, run={re.escape(run)}\b", out, re.S), run
+    assert re.search(rf"^benchmark\s+{2 + len(budgets)}$", out, re.M)
+    assert "skipped" not in out
+    assert re.search(r"check the DDTREE plugin on the GPU host first with: python -m ddtree\.sglang\.check "
+                     r"--model resources/models/\S+ --budget \d+ -- .*--tp-size 8", out), out[-3000:]
+
+
 def test_h200_profile_benchmarks_the_gpu_pair_trained_on_its_gpu(workdir):
     """h200-x1 replaces the CPU pair by embedded-gpu, which trains with --device cuda on the profile's GPU
     resources; the cpu profile keeps embedded-small, trained on the CPU."""

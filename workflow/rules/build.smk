@@ -6,6 +6,7 @@ rule selfcheck:
         check="results/{profile}/build/selfcheck.json",
     params:
         device=profile_device,
+        sglang_check=sglang_check_notice,
     log:
         "results/logs/build/{profile}.log",
     threads: profile_threads
@@ -20,4 +21,4 @@ rule selfcheck:
     conda:
         CONDA_ENV
     shell:
-        "ddtree selfcheck --device {params.device} --out {output.check} > {log} 2>&1"
+        "ddtree selfcheck --device {params.device} --out {output.check} > {log} 2>&1{params.sglang_check}"

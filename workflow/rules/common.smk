@@ -1,11 +1,11 @@
 # Imports, configuration and hardware-profile validation, and the helper functions every
 # rule uses (no lambdas in rules). Reusable logic lives in the tested `ddtree.pipeline`.
 import re
+import shlex
 from pathlib import Path
 
 import yaml
 from snakemake.exceptions import WorkflowError
-from snakemake.logging import logger
 from snakemake.utils import validate
 
 from ddtree.pipeline import config as pipeline_config
@@ -69,10 +69,6 @@ HUB_PAIRS = [name for name, pair in PAIRS.items() if pair["source"] == "hub"]
 DATASETS = {name: config["dataset_catalog"][name] for name in config["datasets"]}
 HUB_DATASETS = [name for name, ds in DATASETS.items() if ds["source"] == "hub"]
 RUNS = pipeline_config.run_ids(config["methods"], config["budgets"]) + pipeline_config.power_panel_runs(config)
-for _name, _profile in HARDWARE.items():
-    _note = pipeline_config.unsupported_note(_name, _profile, config["methods"])
-    if _note:
-        logger.warning(f"WARNING: {_note}")
 
 # A configured hub pair or dataset that is not staged yet fails here, at once, when the hub is
 # unreachable.
@@ -132,7 +128,7 @@ def all_plans():
         f"{run_dir(profile, pair, run)}/plan.json"
         for profile in config["hardware"]
         for pair in PROFILE_PAIRS[profile]
-        for run in pipeline_config.runs_for_profile(RUNS, HARDWARE[profile])
+        for run in RUNS
     ]
 
 
@@ -214,6 +210,19 @@ def train_options(wildcards):
 
 def profile_device(wildcards):
     return HARDWARE[wildcards.profile]["device"]
+
+
+def sglang_check_notice(wildcards):
+    """Shell suffix of the build step: on an SGLang profile, print (and log) the one command to run first on
+    the GPU host to check the DDTREE plugin end to end; nothing elsewhere."""
+    profile = HARDWARE[wildcards.profile]
+    if profile["engine"] != "sglang":
+        return ""
+    command = pipeline_config.sglang_check_command(
+        profile, pair_dir(config["pairs"][0]), min(config["budgets"] or [64])
+    )
+    message = f"SGLang profile {wildcards.profile}: check the DDTREE plugin on the GPU host first with: {command}"
+    return f"; echo {shlex.quote(message)} | tee -a results/logs/build/{wildcards.profile}.log"
 
 
 def profile_threads(wildcards):

@@ -135,11 +135,30 @@ def server_command(server: Mapping[str, Any], host: str, port: int) -> list[str]
         cmd += ["--speculative-algorithm", SGLANG_ALGORITHMS[method]]
         if drafter is not None:
             cmd += ["--speculative-draft-model-path", str(drafter)]
+    if method == "ddtree":
+        cmd += sglang_ddtree_args(int(server.get("budget", 64)), extra)
     if server.get("dtype"):
         cmd += ["--dtype", str(server["dtype"])]
     if server.get("device") and server.get("device") != "cuda":
         cmd += ["--device", str(server["device"])]
     return cmd + extra
+
+
+def sglang_ddtree_args(budget: int, extra: list[str]) -> list[str]:
+    """DDTREE's SGLang arguments for a budget: N = budget + 1 verify nodes, and running requests and decode
+    CUDA-graph batch sizes bounded so that N tokens per request fit (SGLang captures up to 160 requests
+    otherwise: 160 x N verify rows). Flags already in `extra` (the profile's) win; the graph batch bound
+    follows the profile's running-request bound when it sets one."""
+    from ddtree.sglang.plugin import default_max_running_requests
+
+    n = budget + 1
+    flag = "--max-running-requests"
+    bound = int(extra[extra.index(flag) + 1]) if flag in extra else default_max_running_requests(n)
+    args = ["--speculative-num-draft-tokens", str(n)]
+    for flag in ("--max-running-requests", "--cuda-graph-max-bs-decode"):
+        if flag not in extra:
+            args += [flag, str(bound)]
+    return args
 
 
 @dataclass

@@ -152,32 +152,11 @@ def check_hardware_profile(name: str, profile: Mapping[str, Any]) -> None:
         )
 
 
-# Methods each serving engine can run. SGLang 0.5.23 has DFLASH built in but no DDTREE, and this
-# repository ships no SGLang plugin yet, so ddtree runs on the reference engine only.
-ENGINE_METHODS = {"reference": ("ar", "dflash", "ddtree"), "sglang": ("ar", "dflash")}
-
-
-def unsupported_methods(methods: Sequence[str], profile: Mapping[str, Any]) -> list[str]:
-    """The configured methods the profile's serving engine cannot run (kept in config order)."""
-    return [m for m in methods if m not in ENGINE_METHODS[profile["engine"]]]
-
-
-def runs_for_profile(runs: Sequence[str], profile: Mapping[str, Any]) -> list[str]:
-    """The run ids a hardware profile actually runs: those whose method its engine supports."""
-    allowed = ENGINE_METHODS[profile["engine"]]
-    return [run for run in runs if parse_run_id(run)[0] in allowed]
-
-
-def unsupported_note(profile_name: str, profile: Mapping[str, Any], methods: Sequence[str]) -> str | None:
-    """A one-line warning for the workflow log, or None when the profile runs every method."""
-    missing = unsupported_methods(methods, profile)
-    if not missing:
-        return None
-    return (
-        f"hardware profile {profile_name!r} serves with engine {profile['engine']!r}, which cannot run "
-        f"{', '.join(missing)} (SGLang 0.5.23 has no DDTREE algorithm and no DDTree SGLang plugin exists "
-        f"yet): those runs are skipped there; use a profile with `engine: reference` to measure them."
-    )
+def sglang_check_command(profile: Mapping[str, Any], pair_dir: str, budget: int) -> str:
+    """The one command to run first on an SGLang GPU host: the DDTREE plugin end to end on one pair
+    (`ddtree.sglang.check`: DDTREE and plain decoding servers, greedy outputs compared, tau reported)."""
+    args = " ".join(server_extra_args(profile))
+    return f"python -m ddtree.sglang.check --model {pair_dir} --budget {int(budget)} -- {args}".rstrip(" -")
 
 
 def server_extra_args(profile: Mapping[str, Any]) -> list[str]:
