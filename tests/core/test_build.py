@@ -347,3 +347,33 @@ def test_indirect_dispatch_caches_one_graph_per_shape_and_falls_back_when_captur
     assert_same_tree(tree, build._build_batched(logits, 8))  # remembered: no second capture attempt
     assert refused == [8]
     build.clear_graph_cache()
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_capturable_build_verify_commit_in_one_callers_graph(dtype: torch.dtype) -> None:
+    """The capture-safe calls inside ONE CUDA graph of the caller (a whole round: build, greedy verify, commit),
+    replayed on new logits copied into its static inputs: equal to the checked eager calls."""
+    from ddtree.core.verify import commit, prepare_verify, verify_greedy
+
+    b, d, v, budget = 2, 15, 20000, 64
+    prepare_build("cuda", dtype, b, d, v, budget)
+    prepare_verify("cuda")
+    draft = torch.zeros((b, d, v), device="cuda", dtype=dtype)
+    target = torch.zeros((b, budget + 1, v), device="cuda", dtype=dtype)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tree, bad = build_tree_capturable(draft, budget)
+        result = verify_greedy(tree, target, max_depth=d, validate=False)
+        done = commit(tree, result)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for _ in range(3):
+        draft.copy_((torch.randn(draft.shape, generator=gen, device="cuda") * 3).to(dtype))
+        target.copy_((torch.randn(target.shape, generator=gen, device="cuda") * 3).to(dtype))
+        graph.replay()
+        want = build_tree(draft, budget, method="heap")
+        assert not bool(bad)
+        assert_same_tree(want, tree)
+        want_done = commit(want, verify_greedy(want, target, max_depth=d))
+        assert torch.equal(done.emitted_tokens, want_done.emitted_tokens)
+        assert torch.equal(done.num_kept, want_done.num_kept)

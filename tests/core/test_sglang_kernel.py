@@ -25,7 +25,7 @@ from ddtree.core.sglang_kernel import (
     verify_with_kernel,
 )
 from ddtree.core.verify import verify_sampling
-from ddtree.testing.trees import Node, batch_trees, children_of, naive_encode_retrieve, random_tree, repeat_tree
+from ddtree.testing.trees import Node, batch_trees, children_of, naive_encode_retrieve, random_tree
 
 
 def naive_kernel_row(nodes, probs: np.ndarray, coins: np.ndarray, final_coin: float, steps: int):

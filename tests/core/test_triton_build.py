@@ -14,7 +14,14 @@ import pytest
 import torch
 
 from ddtree.core import build
-from ddtree.core.build import BuildPaths, _beam_torch, _candidate_pairs, _descending_key, _vocab_step_torch, build_tree
+from ddtree.core.build import (
+    BuildPaths,
+    _beam_torch,
+    _candidate_pairs,
+    _descending_key,
+    _vocab_step_torch,
+    build_tree,
+)
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 ON_CUDA = torch.cuda.is_available()
