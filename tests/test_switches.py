@@ -7,13 +7,17 @@ import pytest
 from ddtree import switches
 
 
-def test_defaults_environment_and_override(monkeypatch) -> None:
-    for var in switches.ENV.values():
-        monkeypatch.delenv(var, raising=False)
-    assert switches.current() == switches.Switches()
-    monkeypatch.setenv("DDTREE_NO_CUDA_GRAPH", "yes")
-    monkeypatch.setenv("DDTREE_TRITON_BEAM_MAX_WIDTH", "64")
-    assert switches.current() == switches.Switches(no_cuda_graph=True, triton_beam_max_width=64)
+def test_environment_parsing() -> None:
+    assert switches.from_environment({}) == switches.Switches()
+    assert switches.from_environment({"DDTREE_NO_CUDA_GRAPH": "", "DDTREE_NO_TRITON": "0"}) == switches.Switches()
+    env = {"DDTREE_NO_CUDA_GRAPH": "yes", "DDTREE_TRITON_BEAM_MAX_WIDTH": "64", "OTHER": "1"}
+    assert switches.from_environment(env) == switches.Switches(no_cuda_graph=True, triton_beam_max_width=64)
+
+
+def test_override_wins_and_nests(monkeypatch) -> None:
+    base = switches.Switches(no_cuda_graph=True, triton_beam_max_width=64)
+    monkeypatch.setattr(switches, "_from_process_environment", lambda: base)
+    assert switches.current() is base
     with switches.override(no_cuda_graph=False, stats_programs=1024) as inner:
         assert switches.current() is inner
         assert inner == switches.Switches(triton_beam_max_width=64, stats_programs=1024)
@@ -23,13 +27,12 @@ def test_defaults_environment_and_override(monkeypatch) -> None:
     assert switches.current().no_cuda_graph
 
 
-def test_bad_values_raise(monkeypatch) -> None:
+def test_bad_values_raise() -> None:
     with pytest.raises(ValueError, match="unknown switches"), switches.override(no_such_switch=True):
         pass
     with pytest.raises(ValueError, match="no_triton must be a bool"), switches.override(no_triton=1):
         pass
     with pytest.raises(ValueError, match="stats_programs must be >= 1"), switches.override(stats_programs=0):
         pass
-    monkeypatch.setenv("DDTREE_STATS_PROGRAMS", "many")
     with pytest.raises(ValueError, match="DDTREE_STATS_PROGRAMS must be an integer"):
-        switches.current()
+        switches.from_environment({"DDTREE_STATS_PROGRAMS": "many"})

@@ -10,15 +10,15 @@ job in normal use: with none set, each job takes its one fastest measured path (
 | `DDTREE_TRITON_BEAM_MAX_WIDTH` | `triton_beam_max_width` | widest beam the Triton tail takes (0: torch tail)     |
 | `DDTREE_STATS_PROGRAMS`        | `stats_programs`        | programs the builder's statistics kernel aims for     |
 
-Code reads `current()`; benchmarks and tests change switches for a block with `override(...)`, which wins
-over the environment. Path choices cached per device key on the `Switches` value, so an override never
-meets a choice made under other switches.
+Code reads `current()`. The environment is read once, on the first call (set the variables before the process
+starts); benchmarks and tests change switches for a block with `override(...)`. Path choices are cached per device
+together with the `Switches` value they were made under, so an override never meets a choice made under others.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
@@ -54,10 +54,11 @@ ENV = {  # field -> environment variable
 }
 
 
-@lru_cache(maxsize=32)
-def _parse(raw: tuple[str | None, ...]) -> Switches:
+def from_environment(environ: Mapping[str, str] = os.environ) -> Switches:
+    """The switches that the `DDTREE_*` variables of `environ` ask for (unset or empty: the default)."""
     values: dict[str, object] = {}
-    for (name, var), text in zip(ENV.items(), raw):
+    for name, var in ENV.items():
+        text = environ.get(var)
         if text is None or not text.strip():
             continue
         if isinstance(getattr(Switches, name), bool):
@@ -73,11 +74,16 @@ def _parse(raw: tuple[str | None, ...]) -> Switches:
 _OVERRIDE: Switches | None = None
 
 
+@lru_cache(maxsize=1)
+def _from_process_environment() -> Switches:
+    return from_environment()
+
+
 def current() -> Switches:
-    """The switches in force: the innermost `override`, else the environment (parsed once per value)."""
+    """The switches in force: the innermost `override`, else the process environment (read on the first call)."""
     if _OVERRIDE is not None:
         return _OVERRIDE
-    return _parse(tuple(os.environ.get(var) for var in ENV.values()))
+    return _from_process_environment()
 
 
 @contextmanager
