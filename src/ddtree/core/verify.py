@@ -100,19 +100,30 @@ def verify_greedy(
     depth = resolve_max_depth(tree, max_depth, validate=validate)
     if validate:
         check_all_finite("target_logits", target_logits)
+    return _verify_greedy_unchecked(tree, target_logits, depth)
+
+
+def _verify_greedy_unchecked(tree: DDTreeBuildResult, target_logits: torch.Tensor, depth: int) -> VerifyResult:
+    """The greedy verify itself (argmax picks, the shared walk): no checks, no host synchronisation."""
     return walk(tree, target_logits.argmax(dim=-1), None, depth)  # picks [B, N]
 
 
-def sample_from_probs_(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_from_probs_(
+    probs: torch.Tensor, generator: torch.Generator | None = None, *, uniforms: torch.Tensor | None = None
+) -> torch.Tensor:
     """One exact sample per row of probs [..., V] (normalised or not: the draw is scaled by the row
-    total) by inverse CDF; DESTROYS probs (cumsum in place).
+    total) by inverse CDF; DESTROYS probs (cumsum in place). `uniforms` ([...] in [0, 1)) are the coins to
+    use instead of drawing from `generator` (the engine's counter-based coins).
 
     Tokens with zero probability are never drawn: u < total mass, so the first cdf > u is a token
     with positive mass.
     """
     cdf = probs.cumsum_(dim=-1)  # [..., V]
     total = cdf[..., -1:]  # [..., 1]
-    u = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype) * total
+    if uniforms is None:
+        u = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype) * total
+    else:
+        u = uniforms.reshape(total.shape).to(cdf.dtype) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
     tokens = torch.searchsorted(cdf, u, right=True)  # [..., 1]
     return tokens.clamp_max_(probs.shape[-1] - 1).squeeze(-1)
@@ -224,7 +235,7 @@ def verify_sampling(
         check_all_finite("target_logits", target_logits)
     if params.all_greedy:
         params.broadcast(tree.batch_size, target_logits.device)  # same argument checks as the sampled path
-        return walk(tree, target_logits.argmax(dim=-1), None, depth)
+        return _verify_greedy_unchecked(tree, target_logits, depth)
 
     if backend in ("sglang", "reference"):
         probs = process_logits_unchecked(target_logits, params)  # [B, N, V] fp32
