@@ -7,7 +7,7 @@ respond to their launch parameters (issue 2: the 20x target at B = 64, budget 12
 2. the statistics kernel (`_split_stats_kernel` with group maxima) over BLOCK x num_warps x programs;
 3. the select kernel (`_grouped_select_kernel`) over chunk x num_warps x cap (candidates sorted directly, as a
    multiple of the padded k; 1 sends most rows to the counting path), for k = 128 and 256;
-4. a torch.profiler table of the eager batched build (DDTREE_NO_CUDA_GRAPH=1) at (64, 128) and (64, 256).
+4. a torch.profiler table of the eager batched build (switches.override(no_cuda_graph=True)) at (64, 128) and (64, 256).
 Kernel times are medians of CUDA-event timed calls; each configuration is checked against the default one.
 """
 
@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 
 import torch
 import triton
 
 from ddtree.bench.core import time_call
-from ddtree.core import triton_kernels as tk
+from ddtree.core import triton_build as tk
+from ddtree import switches
 from ddtree.core.build import build_tree
 
 
@@ -60,16 +60,15 @@ def select_launch(x: torch.Tensor, stats, k: int, *, chunk: int, warps: int, cap
 
 
 def profile_build(batch: int, budget: int, vocab: int, depth: int) -> str:
-    os.environ["DDTREE_NO_CUDA_GRAPH"] = "1"
     logits = (torch.randn((batch, depth, vocab), device="cuda") * 3).to(torch.bfloat16)
-    for _ in range(3):
-        build_tree(logits, budget, method="batched")
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
+    with switches.override(no_cuda_graph=True):
+        for _ in range(3):
             build_tree(logits, budget, method="batched")
         torch.cuda.synchronize()
-    os.environ.pop("DDTREE_NO_CUDA_GRAPH")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                build_tree(logits, budget, method="batched")
+            torch.cuda.synchronize()
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
 
 

@@ -13,7 +13,7 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train-pair": ("ddtree.models.train_cli", "train the embedded target + DFlash drafter pair"),
-    "selfcheck": ("ddtree.core.selfcheck", "check builder, retrieve encoder and verifiers on a device"),
+    "selfcheck": ("ddtree.pipeline.selfcheck", "check builder, retrieve encoder and verifiers on a device"),
     "serve": ("ddtree.server.cli", "run the SGLang-compatible reference server"),
     "bench": ("ddtree.bench.cli", "benchmarks: core, engine, acceptance, throughput, session"),
 }

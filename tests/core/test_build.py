@@ -10,8 +10,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddtree.core.build import build_tree, choose_method, depth_topk
+from ddtree import switches
+from ddtree.core.build import build_tree, build_tree_capturable, choose_method, depth_topk, prepare_build
 from ddtree.core.types import DDTreeBuildResult
+from ddtree.testing.nosync import NoHostSync
 
 FIELDS = ("token_ids", "parents", "depths", "node_logws", "num_nodes")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -219,83 +221,31 @@ def test_choose_method_rule() -> None:
     assert choose_method(1, 15, 151936, 256, "cuda") == "batched"
 
 
-def _tie_rule_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference: full stable sort by value descending (stable = smaller id first among ties)."""
-    order = torch.sort(x.float(), dim=-1, descending=True, stable=True).indices[:, :k]
-    return x.gather(1, order), order
+# ---------------------------------------------------------------- capture-safe entry points
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    rows=st.integers(1, 4),
-    vocab=st.integers(1, 300),
-    k_frac=st.floats(0.0, 1.0),
-    group=st.sampled_from([1, 4, 7, 64]),
-    levels=st.sampled_from([0, 2, 5]),
-    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
-    seed=st.integers(0, 2**16),
-)
-def test_pruned_topk_equals_the_tie_rule_sort(rows, vocab, k_frac, group, levels, dtype, seed) -> None:
-    from ddtree.core.build import pruned_topk
-
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn((rows, vocab), generator=gen) * 3
-    if levels:  # few distinct values: ties across groups and at the k-th position
-        x = x.round().clamp(-levels, levels)
-    x = x.to(dtype)
-    k = max(1, min(vocab, round(k_frac * vocab)))
-    vals, ids = pruned_topk(x, k, group=group)
-    ref_vals, ref_ids = _tie_rule_topk(x, k)
-    assert torch.equal(ids, ref_ids)
-    assert torch.equal(vals, ref_vals)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("budget", [1, 16, 60])
+def test_build_tree_capturable_equals_build_tree_and_reads_nothing_on_the_host(dtype: torch.dtype, budget: int) -> None:
+    gen = torch.Generator().manual_seed(budget)
+    logits = (torch.randn((3, 5, 200), generator=gen) * 3).to(dtype)  # [B, D, V]
+    logits[1] = logits[1].round()  # ties
+    prepare_build("cpu", dtype, 3, 5, 200, budget)
+    with NoHostSync():
+        tree, bad = build_tree_capturable(logits, budget)
+    assert bad.dim() == 0 and bad.dtype == torch.bool and not bool(bad)
+    assert_same_tree(build_tree(logits, budget), tree)
+    logits[2, 1, 7] = float("nan")
+    with NoHostSync():
+        _, bad = build_tree_capturable(logits, budget)
+    assert bool(bad)
 
 
-def _group_maxima(x: torch.Tensor, group: int) -> torch.Tensor:
-    """[R, V] -> [R, cdiv(V, group)] float32 max per group of consecutive ids (short last group padded -inf)."""
-    r, v = x.shape
-    g = -(-v // group)
-    pad = torch.full((r, g * group - v), float("-inf"))
-    return torch.cat([x.float(), pad], 1).view(r, g, group).amax(-1)
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    rows=st.integers(1, 4),
-    vocab=st.integers(1, 2000),
-    k_frac=st.floats(0.0, 0.2),
-    levels=st.sampled_from([0, 1, 3]),
-    signed_zeros=st.booleans(),
-    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
-    seed=st.integers(0, 2**16),
-)
-def test_grouped_topk16_equals_the_tie_rule_sort(rows, vocab, k_frac, levels, signed_zeros, dtype, seed) -> None:
-    from ddtree.core.build import GROUP, grouped_topk16
-
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn((rows, vocab), generator=gen) * 3
-    if levels:  # few distinct values: ties across groups, inside groups and at the k-th position
-        x = x.round().clamp(-levels, levels)
-    if signed_zeros:  # -0.0 and +0.0 are one value under the tie rule
-        x = torch.where(torch.rand((rows, vocab), generator=gen) < 0.5, x, torch.where(x < 0.5, -0.0, 0.0))
-    x = x.to(dtype)
-    k = max(1, min(vocab, round(k_frac * vocab)))
-    vals, ids = grouped_topk16(x, _group_maxima(x, GROUP), k)
-    ref_vals, ref_ids = _tie_rule_topk(x, k)
-    assert torch.equal(ids, ref_ids)
-    assert torch.equal(vals.float(), ref_vals.float())  # -0.0 == +0.0 for equal
-
-
-def test_grouped_topk16_rejects_bad_arguments() -> None:
-    from ddtree.core.build import GROUP, grouped_topk16, grouped_topk16_fits
-
-    x = torch.randn(2, 300)
-    with pytest.raises(ValueError, match="x2d"):
-        grouped_topk16(x, _group_maxima(x, GROUP), 5)
-    xb = x.to(torch.bfloat16)
-    with pytest.raises(ValueError, match="gmax"):
-        grouped_topk16(xb, _group_maxima(x, GROUP)[:, :2], 5)
-    assert grouped_topk16_fits(151_936, 512) and not grouped_topk16_fits(151_936, 513)
-    assert not grouped_topk16_fits(32768 * 64 + 1, 8)
+def test_no_host_sync_guard_catches_host_reads() -> None:
+    x = torch.randn(4)
+    for read in (lambda: bool(x.sum() > 0), lambda: x[x > 0], lambda: int(x.argmax()), lambda: torch.equal(x, x)):
+        with pytest.raises(AssertionError, match="host"), NoHostSync():
+            read()
 
 
 # ---------------------------------------------------------------- CUDA (skipped without a GPU)
@@ -310,7 +260,7 @@ def _cpu_tree(tree: DDTreeBuildResult) -> DDTreeBuildResult:
 @CUDA
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("budget", [32, 128, 256])
-def test_cuda_heap_equals_batched_graph_eager_and_auto(monkeypatch, dtype: torch.dtype, budget: int) -> None:
+def test_cuda_heap_equals_batched_graph_eager_and_auto(dtype: torch.dtype, budget: int) -> None:
     gen = torch.Generator(device="cuda").manual_seed(budget)
     logits = torch.randn((3, 15, 20000), generator=gen, device="cuda") * 3  # [B, D, V]
     logits[1] = logits[1].round()  # many exact ties inside each row, also at the k-th position
@@ -319,8 +269,8 @@ def test_cuda_heap_equals_batched_graph_eager_and_auto(monkeypatch, dtype: torch
     assert heap.device.type == "cuda"
     for method in ("batched", "auto"):
         assert_same_tree(heap, build_tree(logits, budget, method=method))
-    monkeypatch.setenv("DDTREE_NO_CUDA_GRAPH", "1")
-    assert_same_tree(heap, build_tree(logits, budget, method="batched"))
+    with switches.override(no_cuda_graph=True):
+        assert_same_tree(heap, build_tree(logits, budget, method="batched"))
     assert_invariants(_cpu_tree(heap), logits.cpu(), budget)
 
 
@@ -336,9 +286,9 @@ def test_cuda_non_finite_logits_raise(bad_value: float, method: str, dtype: torc
 
 
 @CUDA
-def test_cuda_indirect_graph_reads_each_fresh_buffer_in_place(monkeypatch) -> None:
+def test_cuda_indirect_graph_reads_each_fresh_buffer_in_place() -> None:
     """bf16 logits, budget <= 256: one whole-build graph per shape reads each call's buffer through its address
-    (fresh buffers, a non-contiguous view, ties); float32 logits take the copying graph."""
+    (fresh buffers, a non-contiguous view, ties); float32 logits build eagerly (the torch vocabulary step)."""
     from ddtree.core import build
 
     build.clear_graph_cache()
@@ -351,30 +301,10 @@ def test_cuda_indirect_graph_reads_each_fresh_buffer_in_place(monkeypatch) -> No
     wide = (torch.randn((2, 15, 40000), generator=gen, device="cuda") * 3).to(torch.bfloat16)
     view = wide[:, :, ::2]  # [2, 15, 20000], not contiguous
     assert_same_tree(build_tree(view, 64, method="heap"), build_tree(view, 64, method="batched"))
-    assert [key[-1] for key in build._GRAPHS] == ["indirect"], "expected one indirect graph for the shape"
-    float_logits = torch.randn((2, 15, 20000), generator=gen, device="cuda")  # float32: the copying graph
+    assert len(build._GRAPHS) == 1, "expected one graph for the shape"
+    float_logits = torch.randn((2, 15, 20000), generator=gen, device="cuda")  # float32: eager
     assert_same_tree(build_tree(float_logits, 64, method="heap"), build_tree(float_logits, 64, method="batched"))
-    assert len(build._GRAPHS) == 2
-    build.clear_graph_cache()
-
-
-@CUDA
-def test_cuda_alias_graph_reads_the_callers_buffer_in_place() -> None:
-    """float32 logits (the torch vocabulary step, so no indirect graph): the alias graph for a repeated buffer."""
-    from ddtree.core import build
-
-    build.clear_graph_cache()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    buf = torch.empty((2, 15, 20000), device="cuda", dtype=torch.float32)  # [B, D, V], one buffer every round
-    for round_ in range(5):  # round 3 on replays the alias graph; new logits written into the buffer in place
-        buf.copy_(torch.randn(buf.shape, generator=gen, device="cuda") * 3)
-        if round_ % 2:
-            buf[0] = buf[0].round()  # ties
-        assert_same_tree(build_tree(buf, 32, method="heap"), build_tree(buf, 32, method="batched"))
-    assert any(g.reads(buf) for g in build._ALIAS_GRAPHS.values()), "no alias graph was captured for the buffer"
-    other = buf.clone()  # another address: the copying graph, same trees
-    other[1] = -other[1]
-    assert_same_tree(build_tree(other, 32, method="heap"), build_tree(other, 32, method="batched"))
+    assert len(build._GRAPHS) == 1
     build.clear_graph_cache()
 
 
@@ -386,8 +316,8 @@ def test_indirect_dispatch_caches_one_graph_per_shape_and_falls_back_when_captur
     made = []
 
     class FakeGraph:
-        def __init__(self, like, budget, *, mode="copy"):
-            made.append((budget, mode))
+        def __init__(self, like, budget):
+            made.append(budget)
             self.budget = budget
 
         def __call__(self, logits):
@@ -395,21 +325,55 @@ def test_indirect_dispatch_caches_one_graph_per_shape_and_falls_back_when_captur
             return build._batched_tensors(logits, self.budget)
 
     monkeypatch.setattr(build, "_GraphedBuild", FakeGraph)
-    monkeypatch.setattr(build, "_indirect_usable", lambda logits, budget: True)
+    monkeypatch.setattr(build, "_graph_applies", lambda logits, budget: True)
     build.clear_graph_cache()
     gen = torch.Generator().manual_seed(0)
     for _ in range(3):  # fresh logits each round (one of them a non-contiguous view), one graph per shape
         logits = (torch.randn((2, 4, 600), generator=gen) * 3)[:, :, ::2]
-        assert_same_tree(build_tree(logits, 16, method="heap"), build._build_batched_graphed(logits, 16))
-    assert made == [(16, "indirect")] and len(build._GRAPHS) == 1
+        assert_same_tree(build_tree(logits, 16, method="heap"), build._build_batched(logits, 16))
+    assert made == [16] and len(build._GRAPHS) == 1
 
-    def refuse(like, budget, *, mode="copy"):
+    refused = []
+
+    def refuse(like, budget):
+        refused.append(budget)
         raise RuntimeError("capture refused")
 
     monkeypatch.setattr(build, "_GraphedBuild", refuse)
     logits = torch.randn((2, 4, 300), generator=gen) * 3
-    with pytest.warns(UserWarning, match="capture failed"):
-        tree = build._build_batched_graphed(logits, 8)  # a new shape key: capture refused -> the eager build
+    with pytest.warns(UserWarning, match="capture of the batched build failed"):
+        tree = build._build_batched(logits, 8)  # a new shape key: capture refused -> the eager build
     assert_same_tree(build_tree(logits, 8, method="heap"), tree)
-    assert ((2, 4, 300), torch.float32, 8, None, "indirect") in build._UNGRAPHABLE
+    assert_same_tree(tree, build._build_batched(logits, 8))  # remembered: no second capture attempt
+    assert refused == [8]
     build.clear_graph_cache()
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_capturable_build_verify_commit_in_one_callers_graph(dtype: torch.dtype) -> None:
+    """The capture-safe calls inside ONE CUDA graph of the caller (a whole round: build, greedy verify, commit),
+    replayed on new logits copied into its static inputs: equal to the checked eager calls."""
+    from ddtree.core.verify import commit, prepare_verify, verify_greedy
+
+    b, d, v, budget = 2, 15, 20000, 64
+    prepare_build("cuda", dtype, b, d, v, budget)
+    prepare_verify("cuda")
+    draft = torch.zeros((b, d, v), device="cuda", dtype=dtype)
+    target = torch.zeros((b, budget + 1, v), device="cuda", dtype=dtype)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tree, bad = build_tree_capturable(draft, budget)
+        result = verify_greedy(tree, target, max_depth=d, validate=False)
+        done = commit(tree, result)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for _ in range(3):
+        draft.copy_((torch.randn(draft.shape, generator=gen, device="cuda") * 3).to(dtype))
+        target.copy_((torch.randn(target.shape, generator=gen, device="cuda") * 3).to(dtype))
+        graph.replay()
+        want = build_tree(draft, budget, method="heap")
+        assert not bool(bad)
+        assert_same_tree(want, tree)
+        want_done = commit(want, verify_greedy(want, target, max_depth=d))
+        assert torch.equal(done.emitted_tokens, want_done.emitted_tokens)
+        assert torch.equal(done.num_kept, want_done.num_kept)

@@ -1,5 +1,5 @@
 """The Triton kernels compile for an H100/H200 (sm_90) without a GPU: Triton's front end, its MLIR passes and
-the bundled ptxas run on the CPU. The interpreter (test_triton_kernels.py) checks what the kernels compute but
+the bundled ptxas run on the CPU. The interpreter (test_triton_build.py) checks what the kernels compute but
 not what the compiler accepts: e.g. a name bound to tensors of two shapes in the branches of a runtime `if`
 runs under the interpreter and is a compile error on the GPU. Skips without triton (CI has none)."""
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from ddtree.core import triton_kernels as tk  # noqa: E402
+from ddtree.core import triton_build as tk  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
 
@@ -35,17 +35,16 @@ def compile_sm90(kernel, types: dict[str, str], constexprs: dict[str, object], n
 
 STATS_TYPES = dict(
     x_ptr="*bf16", max_ptr="*fp32", sum_ptr="*fp32", min_ptr="*fp32", V="i32", stride_row="i32", num_splits="i32",
-    hist_ptr="*i32", gmax_ptr="*fp32", num_groups="i32", x_addr_ptr="*i64",
+    gmax_ptr="*fp32", num_groups="i32", x_addr_ptr="*i64",
 )
 
 
 @pytest.mark.parametrize(
     "constexprs",
     [
-        dict(SPLIT_LEN=38912, BLOCK=2048, HIST=False),  # row_lse_and_min
-        dict(SPLIT_LEN=38912, BLOCK=2048, HIST=False, GMAX=True, GROUP=64, INDIRECT=True),  # the select step
-        dict(SPLIT_LEN=38912, BLOCK=2048, HIST=False, GMAX=True, GROUP=64, INDIRECT=False),
-        dict(SPLIT_LEN=4096, BLOCK=2048, HIST=True),  # the opt-in radix step
+        dict(SPLIT_LEN=38912, BLOCK=2048),  # row_lse_and_min
+        dict(SPLIT_LEN=38912, BLOCK=2048, GMAX=True, GROUP=64, INDIRECT=True),  # the select step
+        dict(SPLIT_LEN=38912, BLOCK=2048, GMAX=True, GROUP=64, INDIRECT=False),
     ],
 )
 def test_statistics_kernel_compiles_for_sm90(constexprs: dict) -> None:

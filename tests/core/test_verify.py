@@ -18,13 +18,13 @@ from scipy import stats
 from ddtree.core.sampling import SamplingParams, process_logits
 from ddtree.core.types import DDTreeBuildResult
 from ddtree.core.verify import commit, verify_greedy, verify_sampling
+from ddtree.testing.nosync import NoHostSync
+from ddtree.testing.trees import Node, batch_trees, children_of, example_tree, random_tree, repeat_tree
 
 try:
     from tests.core.test_sampling import naive_process_row
-    from tests.core.trees import Node, batch_trees, children_of, example_tree, random_tree, repeat_tree
 except ImportError:  # pytest run without the repository root on sys.path
     from test_sampling import naive_process_row
-    from trees import Node, batch_trees, children_of, example_tree, random_tree, repeat_tree
 
 ALPHA = 1e-3
 
@@ -345,3 +345,36 @@ def test_sampling_path_allocates_one_full_size_fp32_buffer(params):
     with _Float32Allocations(logits.numel()) as mode:
         verify_sampling(tree, logits, params, torch.Generator().manual_seed(0), backend="torch")
     assert len(mode.storages) == 1
+
+
+# ---------------------------------------------------------------- capture-safe calls (validate=False)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(0.0), SamplingParams(0.8), SamplingParams(0.8, 4, 0.9),
+                                    SamplingParams(torch.tensor([0.0, 1.3, 0.7]), torch.tensor([3, -1, 2]), 1.0)])
+def test_unvalidated_verify_and_commit_equal_the_checked_calls_without_host_reads(params):
+    nodes, row_logits = _random_case(seed=31)
+    tree = repeat_tree(nodes, 3)
+    logits = row_logits.expand(3, -1, -1).contiguous()
+    want_greedy = verify_greedy(tree, logits, max_depth=4)
+    want = verify_sampling(tree, logits, params, torch.Generator().manual_seed(4), max_depth=4)
+    want_commit = commit(tree, want)
+    generator = torch.Generator().manual_seed(4)
+    with NoHostSync():
+        greedy = verify_greedy(tree, logits, max_depth=4, validate=False)
+        got = verify_sampling(tree, logits, params, generator, max_depth=4, validate=False)
+        got_commit = commit(tree, got)
+    for field in ("accept_len", "accepted_nodes", "bonus_token", "expected_accept_len"):
+        assert torch.equal(getattr(greedy, field), getattr(want_greedy, field)), field
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+    for field in ("accepted_nodes", "num_kept", "emitted_tokens", "num_emitted"):
+        assert torch.equal(getattr(got_commit, field), getattr(want_commit, field)), field
+
+
+def test_unvalidated_verify_needs_an_explicit_max_depth():
+    nodes, row_logits = _random_case(seed=32)
+    tree, logits = repeat_tree(nodes, 2), row_logits.expand(2, -1, -1).contiguous()
+    with pytest.raises(ValueError, match="max_depth"):
+        verify_greedy(tree, logits, validate=False)
+    with pytest.raises(ValueError, match="max_depth"):
+        verify_sampling(tree, logits, SamplingParams(1.0), validate=False)

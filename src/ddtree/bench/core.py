@@ -10,18 +10,18 @@ CUDA each call is bracketed by CUDA events after a synchronisation.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from ddtree.core.build import build_tree, choose_method
+from ddtree import switches
+from ddtree.core.build import build_paths, build_tree, choose_method
 
 FIELDS = ("token_ids", "parents", "depths", "node_logws", "num_nodes")
 
@@ -82,40 +82,8 @@ def time_call(fn: Callable[[], object], device: torch.device, repeats: int, warm
     return float(statistics.median(samples))
 
 
-@contextmanager
-def _env(**values: str):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _same(a, b) -> bool:
     return all(torch.equal(getattr(a, f), getattr(b, f)) for f in FIELDS)
-
-
-def _triton_usable(device: torch.device) -> bool:
-    from ddtree.core.build import _triton_lse_usable
-
-    return _triton_lse_usable(device)
-
-
-def _fused_topk_usable(device: torch.device, dtype: torch.dtype) -> bool:
-    from ddtree.core.build import _fused_topk_usable as usable
-
-    return bool(device.type == "cuda" and usable(torch.empty((1, 1), dtype=dtype, device=device)))
-
-
-def _triton_beam_max_width() -> int:
-    from ddtree.core.build import _triton_beam_max_width as width
-
-    return width()
 
 
 def _load_verify():
@@ -156,7 +124,7 @@ def bench_cell(
     row["batched_ms"] = time_call(lambda: build_tree(logits, budget, method="batched"), device, repeats, warmup)
     row["auto_ms"] = time_call(lambda: build_tree(logits, budget, method="auto"), device, repeats, warmup)
     if device.type == "cuda":
-        with _env(DDTREE_NO_CUDA_GRAPH="1"):
+        with switches.override(no_cuda_graph=True):
             row["batched_eager_ms"] = time_call(
                 lambda: build_tree(logits, budget, method="batched"), device, repeats, warmup
             )
@@ -168,7 +136,7 @@ def bench_cell(
             heap, build_tree(logits, budget, method="auto")
         )
         if device.type == "cuda":
-            with _env(DDTREE_NO_CUDA_GRAPH="1"):
+            with switches.override(no_cuda_graph=True):
                 agree = agree and _same(heap, build_tree(logits, budget, method="batched"))
         row["agree"] = bool(agree)
 
@@ -209,39 +177,13 @@ def breakdown(batch: int, budget: int, *, vocab: int, depth: int, device: torch.
     out = {"batch": batch, "budget": budget}
     t = lambda fn: time_call(fn, device, repeats, warmup)  # noqa: E731
     out["logsumexp(x.float())"] = t(lambda: torch.logsumexp(x2d.float(), -1))
-    if device.type == "cuda" and B._triton_lse_usable(device):
-        from ddtree.core.triton_kernels import row_lse_and_min
-
-        out["triton row lse+min"] = t(lambda: row_lse_and_min(x2d))
     out["isfinite(x).all()"] = t(lambda: torch.isfinite(x2d).all())
     out["x.topk(k) raw dtype"] = t(lambda: x2d.topk(k, dim=-1))
-    out["log_softmax(x.float()).topk(k)"] = t(lambda: torch.log_softmax(x2d.float(), -1).topk(k, dim=-1))
-    g = B.GROUP
-    groups = -(-vocab // g)
-    out[f"group maxima amax ({groups} groups of {g})"] = t(
-        lambda: x2d[:, : vocab // g * g].reshape(x2d.shape[0], -1, g).amax(-1))
-    out["pruned_topk (group maxima)"] = t(lambda: B.pruned_topk(x2d, k))
-    out["vocab step (lse + vocab_topk + sort)"] = t(lambda: B._vocab_step(x2d, k, fused=False))
-    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
-        with _env(DDTREE_FUSED_TOPK="1"):
-            if B._fused_topk_usable(x2d):
-                from ddtree.core.triton_kernels import row_topk_lse
+    out["torch vocab step (reference)"] = t(lambda: B._vocab_step_torch(x2d, k))
+    if B._select_applies(x2d, k):  # the CUDA bf16/fp16 step for k <= 256
+        from ddtree.core.triton_build import GROUPED_SELECT_CHUNK, grouped_vocab_topk, row_lse_and_min
 
-                out["fused row top-k + lse (triton radix select, opt-in)"] = t(lambda: row_topk_lse(x2d, k))
-    if device.type == "cuda" and B._grouped_usable(x2d, k):  # the default CUDA bf16/fp16 step
-        from ddtree.core.triton_kernels import row_lse_min_groupmax
-
-        out["triton row lse+min+group maxima (one read)"] = t(lambda: row_lse_min_groupmax(x2d, group=B.GROUP))
-        _, _, gmax = row_lse_min_groupmax(x2d, group=B.GROUP)  # [R, G]
-        gkey = B.order_key16(gmax.to(dtype)) << 15  # [R, G] int32 (pieces of grouped_topk16, for timing)
-        ckey = B.order_key16(x2d[:, : min(k, groups) * g]) << 15  # [R, C] int32, C = k * 64
-        out[f"  int32 group-key topk({min(k, groups)}) over [R, {groups}]"] = t(lambda: gkey.topk(min(k, groups), -1))
-        out[f"  int32 candidate-key topk({k}) over [R, {ckey.shape[1]}]"] = t(lambda: ckey.topk(k, -1))
-        out["grouped_topk16 (int32 keys, from group maxima)"] = t(lambda: B.grouped_topk16(x2d, gmax, k))
-        out["vocab step grouped (one read + grouped_topk16 + logq)"] = t(lambda: B._vocab_step_grouped(x2d, k))
-    if device.type == "cuda" and B._select_usable(x2d, k):  # the default CUDA bf16/fp16 step for k <= 256
-        from ddtree.core.triton_kernels import GROUPED_SELECT_CHUNK, grouped_vocab_topk
-
+        out["triton row lse+min (one read)"] = t(lambda: row_lse_and_min(x2d))
         for chunk in (GROUPED_SELECT_CHUNK, 2 * GROUPED_SELECT_CHUNK):
             out[f"triton select step (one read + one program/row, chunk {chunk})"] = t(
                 lambda: grouped_vocab_topk(x2d, k, group=B.GROUP, chunk=chunk))
@@ -251,14 +193,13 @@ def breakdown(batch: int, budget: int, *, vocab: int, depth: int, device: torch.
     out[f"beam torch ({js.numel()} candidates/depth)"] = t(lambda: B._beam_torch(logq, ids, js, rs, low, budget))
     beam = B._beam_torch(logq, ids, js, rs, low, budget)
     out["tree from beam torch"] = t(lambda: B._tree_from_beam_torch(*beam, budget))
-    if device.type == "cuda" and B._triton_tail_checked(logq, ids, js, rs, low, budget, budget) is not None:
-        from ddtree.core.triton_kernels import beam_search, tree_from_beam
+    if B._triton_tail(logq, ids, js, rs, low, budget, budget) is not None:
+        from ddtree.core.triton_build import beam_search, tree_from_beam
 
         out["beam triton (one program/request)"] = t(lambda: beam_search(logq, ids, js, rs, budget))
         out["tree from beam triton"] = t(lambda: tree_from_beam(*beam, budget))
     out["batched eager total"] = t(lambda: B._batched_tensors(logits, budget))
     if device.type == "cuda":
-        out["static input copy"] = t(lambda: torch.empty_like(logits).copy_(logits))
         out["batched graph total"] = t(lambda: build_tree(logits, budget, method="batched"))
     out["heap total"] = t(lambda: build_tree(logits, budget, method="heap"))
     return out
@@ -320,9 +261,8 @@ def run(args: argparse.Namespace) -> int:
         "depth": args.depth,
         "repeats": repeats,
         "warmup": warmup,
-        "triton_lse": bool(device.type == "cuda" and _triton_usable(device)),
-        "fused_topk": _fused_topk_usable(device, dtype),
-        "triton_beam_max_width": _triton_beam_max_width(),
+        "build_paths": dataclasses.asdict(build_paths(device)),
+        "switches": dataclasses.asdict(switches.current()),
         "verify": "skipped" if args.no_verify else ("ok" if verify else "n/a (ddtree.core.verify not importable)"),
     }
     rows = []
@@ -337,8 +277,7 @@ def run(args: argparse.Namespace) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print(f"ddtree bench core: {setup['device_name']}, torch {setup['torch']}, logits {dtype_name}, "
-          f"V={args.vocab}, D={args.depth}, triton lse: {setup['triton_lse']}, fused top-k: {setup['fused_topk']}, "
-          f"triton beam <= {setup['triton_beam_max_width']}, median of {repeats} "
+          f"V={args.vocab}, D={args.depth}, build paths: {setup['build_paths']}, median of {repeats} "
           f"(warmup {warmup}), verify: {setup['verify']}")
     print(format_table(rows), flush=True)
     result = {"setup": setup, "rows": rows}

@@ -5,15 +5,18 @@ return identical trees (same nodes, same numbering, bit-identical logws):
 
 * ``heap``: the published per-request best-first heap (host side, Python ``heapq``).
 * ``batched``: a per-depth beam of width ``budget`` followed by a global top-``budget``, all tensor ops,
-  no host round-trip, batched over requests. On CUDA with bf16/fp16 logits and k = min(budget, V) <= 256
-  the vocabulary step is two Triton kernels (one read for row logsumexp, min and the maxima of groups of 64
-  ids; then one program per row selects the exact top-k from the group maxima, `grouped_vocab_topk`), and
-  the tail is two more (the per-depth beam as one program per request, then the tree assembly). On CUDA the
-  whole build is one CUDA graph per shape; with the select step it reads each call's logits in place through
-  an address set before the replay (no input copy), otherwise through a static copy, or in place once a
-  stable caller buffer was seen twice. Other dtypes or k > 256 use the torch/int32-key vocabulary steps (`grouped_topk16`, `pruned_topk`;
-  the radix-select kernel is opt-in with DDTREE_FUSED_TOPK=1). Every Triton piece is probed or checked
-  against its torch twin once per device or shape; the torch beam stays the eager reference and the CPU path.
+  no host round-trip, batched over requests.
+
+One way per job, chosen once per device (`build_paths`), with the pure-torch reference everywhere else:
+* vocabulary step: on CUDA with bf16/fp16 logits and k = min(budget, V) <= 256 the Triton select step
+  (`triton_build.grouped_vocab_topk`: one read for the statistics and the maxima of groups of 64 ids, then one
+  program per row that selects the exact top-k); otherwise torch (`logsumexp`, `topk`, then the tie rule);
+* tail (beam + tree assembly): on CUDA the two one-program Triton kernels, checked against the torch tail on
+  the first call per shape; otherwise the torch beam and tail;
+* execution: on CUDA with the select step, one CUDA graph per shape that reads each call's logits in place
+  through an address set before the replay (no input copy); otherwise eager.
+The measurements behind each choice are in benchmarks/NOTES-core.md. `build_tree_capturable` is the same
+batched build for callers that capture a whole decoding round in their own CUDA graph (`prepare_build` first).
 
 The order on prefixes (the tie rule): descending logw, then smaller depth, then - between two prefixes of
 one depth - the earlier parent (in this same order), then the smaller rank (rank r = the r-th most
@@ -30,20 +33,23 @@ float32 in the same order in both builders (parent logw + edge log-prob), so the
 from __future__ import annotations
 
 import heapq
-import os
 import warnings
-from collections import OrderedDict
+from dataclasses import dataclass
 from functools import lru_cache
+from types import ModuleType
 
 import numpy as np
 import torch
 
-from ddtree.core.checks import check_budget, check_tensor
+from ddtree import switches
+from ddtree.core.checks import canonical_device, check_budget, check_tensor
+from ddtree.core.graphs import GraphCache, capture
 from ddtree.core.sampling import SamplingParams
 from ddtree.core.types import DDTreeBuildResult
 
 METHODS = ("auto", "heap", "batched")
-
+GROUP = 64  # ids per group of the select step's group maxima
+_KEY16_DTYPES = (torch.bfloat16, torch.float16)  # the select step's order keys are 16 bits
 _LOW32 = (1 << 32) - 1
 
 
@@ -52,9 +58,8 @@ _LOW32 = (1 << 32) - 1
 # --------------------------------------------------------------------------------------------------
 
 
-def _validate(
-    draft_logits: object, budget: object, method: object, *, check_finite: bool
-) -> tuple[torch.Tensor, int]:
+def _validate(draft_logits: object, budget: object, method: object) -> tuple[torch.Tensor, int]:
+    """Shapes, dtype and budget only (finiteness comes from the vocabulary step's row statistics)."""
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     budget = check_budget("budget", budget)
@@ -63,8 +68,6 @@ def _validate(
         raise ValueError(
             f"draft_logits must have D > 0 drafted positions and V > 0 tokens, got shape {tuple(logits.shape)}"
         )
-    if check_finite:
-        check_tensor("draft_logits", logits, finite=True)
     return logits, budget
 
 
@@ -99,213 +102,26 @@ def _descending_key(values: torch.Tensor, tiebreak: torch.Tensor) -> torch.Tenso
     return (ordered_int(values) << 32) + (_LOW32 - tiebreak)
 
 
-def _row_logsumexp(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row logsumexp in float32 and a 0-dim bool 'some logit is non-finite'. x2d: [R, V]."""
-    if x2d.is_cuda and _triton_lse_usable(x2d.device):
-        from ddtree.core.triton_kernels import row_lse_and_min
-
-        lse, row_min = row_lse_and_min(x2d)  # [R] float32 each
-        bad = ~(torch.isfinite(lse) & (row_min > float("-inf"))).all()
-        return lse, bad
+def _vocab_step_torch(x2d: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference vocabulary step, any device and dtype: x2d [R, V] -> (logq [R, k] float32 descending,
+    ids [R, k] int64, bad 0-dim bool). torch's top-k of the raw logits (its order among ties unspecified), then
+    sorted by the tie rule; logq = logit - row logsumexp (float32)."""
     lse = torch.logsumexp(x2d.float(), dim=-1)  # [R]
     bad = ~torch.isfinite(x2d).all()
-    return lse, bad
-
-
-GROUP = 64  # ids per group of the group-maxima pruning
-
-
-def pruned_topk(x2d: torch.Tensor, k: int, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact top-k of each row of x2d [R, V] under the tie rule (value descending, then id ascending), sorted.
-
-    Pruning by group maxima: split a row into groups of `group` consecutive ids; only the `k` groups with
-    the largest maxima (ties: smaller group first) can hold a top-k element, because each of those groups
-    holds one element at least as large as any element of the other groups. So one streaming `amax` over
-    the row, a top-k over the [R, V / group] maxima and a top-k over k * group candidates replace a radix
-    select over the whole row (V = 151,936: 2,374 maxima and 8,192 candidates per row at k = 128).
-    Ties at the cut keep the smaller ids: groups are ordered by (max, -group index) and candidates by
-    (value, -id), so the result equals a full sort by the tie rule. Returns (values raw dtype, ids int64).
-    """
-    r, v = x2d.shape
-    groups = -(-v // group)
-    full = v // group
-    maxima = x2d[:, : full * group].reshape(r, full, group).amax(dim=-1)  # [R, full]
-    if full < groups:
-        maxima = torch.cat([maxima, x2d[:, full * group :].amax(dim=-1, keepdim=True)], dim=1)  # [R, G]
-    group_ids = torch.arange(groups, device=x2d.device)
-    chosen = _descending_key(maxima.float(), group_ids).topk(min(k, groups), dim=-1).indices  # [R, g]
-    cand = (chosen.unsqueeze(-1) * group + torch.arange(group, device=x2d.device)).reshape(r, -1)  # [R, g*group]
-    real = cand < v  # the last group may be short
-    cand = cand.clamp_max(v - 1)
-    cand_vals = x2d.gather(1, cand)  # [R, g*group] raw dtype
-    keys = _descending_key(cand_vals.float(), cand).masked_fill(~real, torch.iinfo(torch.int64).min)
-    pos = keys.topk(k, dim=-1).indices  # [R, k], sorted by the tie rule
-    return cand_vals.gather(1, pos), cand.gather(1, pos)
-
-
-def vocab_topk(x2d: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k values (raw dtype) and ids per row of x2d [R, V].
-
-    CUDA: `pruned_topk` (exact tie rule; measured on one H200 at R = 960, V = 151,936, k = 128, bf16:
-    see benchmarks/NOTES-core.md) unless DDTREE_NO_PRUNED_TOPK is set; elsewhere torch's top-k (order among
-    ties unspecified; callers sort by the tie rule).
-    """
-    if x2d.is_cuda and os.environ.get("DDTREE_NO_PRUNED_TOPK", "") not in ("1", "true", "yes"):
-        return pruned_topk(x2d, k)
-    return x2d.topk(k, dim=-1)
-
-
-def _probed_once(cache: dict[int, bool], device: torch.device, probe) -> bool:
-    """`probe(device)` once per CUDA device, cached in `cache`; False while a CUDA graph is being captured
-    (a probe compiles kernels and syncs, which must never happen inside a capture)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in cache:
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        cache[index] = probe(torch.device("cuda", index))
-    return cache[index]
-
-
-def _fused_topk_usable(x2d: torch.Tensor) -> bool:
-    """The fused Triton radix-select vocabulary step applies: CUDA, bf16/fp16, asked for with
-    DDTREE_FUSED_TOPK=1, probed once per device. Opt-in: on one H200 (R = 960, V = 151,936, k = 128) it took
-    3.10 ms against 1.73 ms for the torch step it replaces (its histogram passes dominate)."""
-    if not x2d.is_cuda or x2d.dtype not in (torch.bfloat16, torch.float16):
-        return False
-    if os.environ.get("DDTREE_FUSED_TOPK", "") not in ("1", "true", "yes"):
-        return False
-    if not _triton_lse_usable(x2d.device):
-        return False
-    return _probed_once(_FUSED_TOPK_OK, x2d.device, _probe_fused_topk)
-
-
-_KEY16_DTYPES = (torch.bfloat16, torch.float16)
-_KEY16_LOW = 32767  # 15 low bits of an int32 key: (order key << 15) | (32767 - index), index < 32768
-
-
-def order_key16(x: torch.Tensor) -> torch.Tensor:
-    """bf16/fp16 -> int32 in [0, 65535] whose order is the float order (-0.0 folded onto +0.0)."""
-    bits = x.view(torch.int16).to(torch.int32)  # sign-extended
-    bits = torch.where(bits == -32768, torch.zeros_like(bits), bits)  # -0.0 -> +0.0
-    return (bits ^ ((bits >> 15) & 0x7FFF)) + 32768
-
-
-def grouped_topk16_fits(vocab: int, k: int) -> bool:
-    """The int32 keys of `grouped_topk16` hold: < 32768 groups and <= 32768 candidates."""
-    groups = -(-vocab // GROUP)
-    return groups <= _KEY16_LOW + 1 and min(k, groups) * GROUP <= _KEY16_LOW + 1
-
-
-def grouped_topk16(x2d: torch.Tensor, gmax: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact top-k of bf16/fp16 rows x2d [R, V] under the tie rule, sorted, from the group maxima gmax [R, G]
-    (float32, groups of GROUP consecutive ids, as `row_lse_min_groupmax` writes them).
-
-    Same pruning as `pruned_topk`, with int32 keys instead of int64: a group's key is
-    (order key of its max << 15) | (32767 - group index) (ties -> smaller group); the chosen groups are
-    sorted ascending so that a candidate's position follows its id, and a candidate's key is
-    (order key of its value << 15) | (32767 - position). Both top-ks then return the tie-rule order
-    directly (no argsort afterwards). Needs `grouped_topk16_fits(V, k)`. Returns (values raw dtype, ids int64).
-    """
-    r, v = x2d.shape
-    groups = gmax.shape[1]
-    if x2d.dtype not in _KEY16_DTYPES:
-        raise ValueError(f"x2d must be bfloat16 or float16, got {x2d.dtype}")
-    if groups != -(-v // GROUP) or not grouped_topk16_fits(v, k):
-        raise ValueError(f"gmax must be [R, cdiv(V, {GROUP})] with V={v}, k={k} within the int32 keys")
-    dev = x2d.device
-    g = min(k, groups)
-    group_ids = torch.arange(groups, dtype=torch.int32, device=dev)  # [G]
-    gkey = (order_key16(gmax.to(x2d.dtype)) << 15) | (_KEY16_LOW - group_ids)  # [R, G] int32, distinct
-    chosen = gkey.topk(g, dim=-1, sorted=False).indices.sort(dim=-1).values  # [R, g] ascending group ids
-    cand = (chosen.unsqueeze(-1) * GROUP + torch.arange(GROUP, device=dev)).reshape(r, g * GROUP)  # [R, C] ids
-    real = cand < v  # the last group may be short
-    cand = cand.clamp_max(v - 1)
-    cand_vals = x2d.gather(1, cand)  # [R, C] raw dtype
-    pos = torch.arange(g * GROUP, dtype=torch.int32, device=dev)  # [C]
-    ckey = ((order_key16(cand_vals) << 15) | (_KEY16_LOW - pos)).masked_fill(~real, -1)  # [R, C] int32
-    top = ckey.topk(k, dim=-1, sorted=True).indices  # [R, k] in tie-rule order
-    return cand_vals.gather(1, top), cand.gather(1, top)
-
-
-def _grouped_usable(x2d: torch.Tensor, k: int) -> bool:
-    """The one-read statistics + group maxima kernel and `grouped_topk16` apply: CUDA, bf16/fp16, keys fit,
-    not turned off with DDTREE_NO_GROUPED_TOPK, probed once per device against an exact reference."""
-    if not x2d.is_cuda or x2d.dtype not in _KEY16_DTYPES or not grouped_topk16_fits(x2d.shape[1], k):
-        return False
-    if os.environ.get("DDTREE_NO_GROUPED_TOPK", "") in ("1", "true", "yes"):
-        return False
-    if not _triton_lse_usable(x2d.device):
-        return False
-    return _probed_once(_GROUPED_OK, x2d.device, _probe_grouped)
-
-
-def _vocab_step_grouped(x2d: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x2d [R, V] bf16/fp16 -> (logq [R, k] float32 descending, ids [R, k] int64, bad 0-dim bool): one read
-    for logsumexp, min and group maxima (Triton), then the int32-key pruned top-k, already in tie-rule order."""
-    from ddtree.core.triton_kernels import row_lse_min_groupmax
-
-    lse, row_min, gmax = row_lse_min_groupmax(x2d, group=GROUP)  # [R], [R], [R, G]
-    bad = ~(torch.isfinite(lse) & (row_min > float("-inf"))).all()
-    vals, ids = grouped_topk16(x2d, gmax, k)  # [R, k] x2, sorted
-    return vals.float() - lse.unsqueeze(1), ids, bad
+    vals, ids = x2d.topk(k, dim=-1)  # [R, k] raw dtype, unordered among ties
+    vals32 = vals.float()
+    order = _descending_key(vals32, ids).argsort(dim=-1, descending=True)  # [R, k]
+    return vals32.gather(1, order) - lse.unsqueeze(1), ids.gather(1, order), bad
 
 
 def _vocab_step_select(
     x2d: torch.Tensor, k: int, x_address: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x2d [R, V] bf16/fp16 -> (logq [R, k] float32 descending, ids [R, k] int64, bad 0-dim bool) in two
-    Triton kernels: one read for the statistics and group maxima, then one program per row that selects the
-    exact top-k from the group maxima (`grouped_vocab_topk`; k <= 256). x_address: the kernels read the
-    logits at this address instead of x2d's (the indirect graph)."""
-    from ddtree.core.triton_kernels import grouped_vocab_topk
-
-    logq, ids, _, _, bad_rows = grouped_vocab_topk(x2d, k, group=GROUP, x_address=x_address)  # [R, k] x2, .., [R]
+    Triton kernels (`grouped_vocab_topk`; k <= 256). x_address: the kernels read the logits at this address
+    instead of x2d's (the whole-build graph)."""
+    logq, ids, _, _, bad_rows = _triton_build().grouped_vocab_topk(x2d, k, group=GROUP, x_address=x_address)
     return logq, ids, bad_rows.any()
-
-
-def _select_usable(x2d: torch.Tensor, k: int) -> bool:
-    """`_vocab_step_select` applies: CUDA, bf16/fp16, k <= 256 and the int32 keys hold, not turned off with
-    DDTREE_NO_TRITON_SELECT, probed once per device against an exact reference."""
-    if not x2d.is_cuda or x2d.dtype not in _KEY16_DTYPES:
-        return False
-    if os.environ.get("DDTREE_NO_TRITON_SELECT", "") in ("1", "true", "yes"):
-        return False
-    if not _triton_lse_usable(x2d.device):
-        return False
-    from ddtree.core.triton_kernels import grouped_select_fits
-
-    if not grouped_select_fits(x2d.shape[1], k, GROUP):
-        return False
-    return _probed_once(_SELECT_OK, x2d.device, _probe_select)
-
-
-def _sorted_logq(
-    vals32: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Order a row's top-k (vals32, ids [R, k]) by the tie rule and subtract the row logsumexp lse [R]."""
-    order = _descending_key(vals32, ids).argsort(dim=-1, descending=True)  # [R, k]
-    vals32 = vals32.gather(1, order)
-    ids = ids.gather(1, order)
-    return vals32 - lse.unsqueeze(1), ids  # [R, k] x2
-
-
-def _vocab_step(x2d: torch.Tensor, k: int, *, fused: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x2d [R, V] -> (logq [R, k] float32 descending, ids [R, k] int64, bad 0-dim bool).
-
-    fused=True: the Triton radix-select kernel (bf16/fp16; exact top-k under the tie rule, row logsumexp
-    from the same kernel as `row_lse_and_min`); fused=False: logsumexp + torch top-k.
-    """
-    if fused:
-        from ddtree.core.triton_kernels import row_topk_lse
-
-        vals32, ids, lse, row_min = row_topk_lse(x2d, k)  # [R, k] x2, [R] x2
-        bad = ~(torch.isfinite(lse) & (row_min > float("-inf"))).all()
-    else:
-        lse, bad = _row_logsumexp(x2d)  # [R]
-        vals, ids = vocab_topk(x2d, k)  # [R, k] raw dtype, unordered among ties
-        vals32 = vals.float()
-    logq, ids = _sorted_logq(vals32, ids, lse)
-    return logq, ids, bad
 
 
 def depth_topk(
@@ -317,20 +133,15 @@ def depth_topk(
     True when the logits hold a non-finite value (checked by the caller, so no sync happens here).
     The top-k runs on the raw logits (any float dtype, no float copy); log_softmax = logit - logsumexp.
     Among equal logits the smaller token id gets the smaller rank. Both builders call this, so they share
-    one vocabulary step (on CUDA with bf16/fp16 logits and k <= 256: the Triton select step).
-    x_address (only where `_indirect_usable`): the select step reads the logits at this address instead.
+    one vocabulary step (the Triton select step where `_select_applies`, else the torch reference).
+    x_address (only where the select step applies): the select step reads the logits at this address instead.
     """
     b, d, v = draft_logits.shape
     x2d = draft_logits.reshape(b * d, v)  # [R, V]
-    fused = x_address is None and _fused_topk_usable(x2d)  # the opt-in radix-select step comes first if asked
-    if x_address is not None:
+    if x_address is not None or _select_applies(x2d, k):
         logq, ids, bad = _vocab_step_select(x2d, k, x_address)
-    elif not fused and _select_usable(x2d, k):
-        logq, ids, bad = _vocab_step_select(x2d, k)
-    elif not fused and _grouped_usable(x2d, k):
-        logq, ids, bad = _vocab_step_grouped(x2d, k)
     else:
-        logq, ids, bad = _vocab_step(x2d, k, fused=fused)
+        logq, ids, bad = _vocab_step_torch(x2d, k)
     return logq.reshape(b, d, k), ids.reshape(b, d, k), bad
 
 
@@ -431,8 +242,11 @@ _PAIR_CACHE: dict[tuple[int, int, str], tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def _candidate_pairs(width: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_candidate_pairs_cpu` on `device` (js, rs, their tie-break keys), cached: the host-to-device copy must not
+    happen inside a CUDA graph capture (`prepare_build` fills the cache)."""
     key = (width, k, str(device))
     if key not in _PAIR_CACHE:
+        _refuse_in_capture(device, f"candidate pairs (width {width}, k {k})")
         js, rs = _candidate_pairs_cpu(width, k)
         _PAIR_CACHE[key] = (js.to(device), rs.to(device), (_LOW32 - (js * k + rs)).to(device))
     return _PAIR_CACHE[key]
@@ -471,7 +285,7 @@ def _tree_from_beam_torch(
     beam_logw: torch.Tensor, beam_tok: torch.Tensor, beam_par: torch.Tensor, budget: int
 ) -> tuple[torch.Tensor, ...]:
     """Beam [B, D, W] x3 -> token_ids, parents, depths, node_logws [B, N] and num_nodes [B] (the eager
-    reference of the tail; `triton_kernels.tree_from_beam` is its one-kernel twin)."""
+    reference of the tail; `triton_build.tree_from_beam` is its one-kernel twin)."""
     b, d, w = beam_logw.shape
     dev = beam_logw.device
     flat_logw = beam_logw.reshape(b, d * w)  # [B, D*W], depth-major
@@ -505,13 +319,53 @@ def _tree_from_beam_torch(
     return token_ids, parents, depths, node_logws, num_nodes
 
 
+_TAIL_OK: dict[tuple, bool] = {}  # (device, D, k, width, budget) -> the Triton tail equals the torch tail
+
+
+def _triton_tail(
+    logq: torch.Tensor, ids: torch.Tensor, js: torch.Tensor, rs: torch.Tensor, pair_low: torch.Tensor, w: int,
+    budget: int,
+) -> tuple[torch.Tensor, ...] | None:
+    """The Triton tail (one-program beam, then one-program tree assembly) when usable for this shape, else
+    None (the caller runs the torch tail). Returns token_ids, parents, depths, node_logws, num_nodes.
+
+    The first call per shape (never inside a graph capture) compiles the kernels and compares their output
+    with the torch tail on the real input; a failure or a mismatch turns them off for that shape, with a
+    warning. Beams wider than `switches.triton_beam_max_width` (256 by default) take the torch tail.
+    """
+    paths = build_paths(logq.device)
+    if not paths.triton_tail or w > paths.beam_max_width:
+        return None
+    b, d, k = logq.shape
+    key = (canonical_device(logq.device), d, k, w, budget)
+    state = _TAIL_OK.get(key)
+    if state is False:
+        return None
+    tb = _triton_build()
+    if state is None:
+        _refuse_in_capture(logq.device, f"the Triton tail check {key[1:]}")
+        try:
+            got = tb.tree_from_beam(*tb.beam_search(logq, ids, js, rs, w), budget)
+            ref = _tree_from_beam_torch(*_beam_torch(logq, ids, js, rs, pair_low, w), budget)
+            ok = all(torch.equal(x, y) for x, y in zip(got, ref))
+        except Exception as exc:  # noqa: BLE001 - compile or launch failure: the torch tail is exact too
+            warnings.warn(f"ddtree build_tree: Triton beam unavailable for {key} ({exc}); using the torch beam")
+            ok = False
+        else:
+            if not ok:
+                warnings.warn(f"ddtree build_tree: Triton beam disagrees with the torch beam for {key}; not used")
+        _TAIL_OK[key] = ok
+        return got if ok else None
+    return tb.tree_from_beam(*tb.beam_search(logq, ids, js, rs, w), budget)
+
+
 def _tail_tensors(logq: torch.Tensor, ids: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
     """The build after the vocabulary step: per-depth beam of width `budget`, then the tree (Triton on CUDA
     when usable, else torch). logq/ids [B, D, k] -> token_ids, parents, depths, node_logws [B, N], num_nodes."""
     k = logq.shape[2]
     w = budget  # beam width
     js, rs, pair_low = _candidate_pairs(w, k, logq.device)  # [M] x3
-    tree = _triton_tail_checked(logq, ids, js, rs, pair_low, w, budget) if logq.is_cuda else None
+    tree = _triton_tail(logq, ids, js, rs, pair_low, w, budget)
     if tree is None:
         tree = _tree_from_beam_torch(*_beam_torch(logq, ids, js, rs, pair_low, w), budget)
     return tree
@@ -520,7 +374,7 @@ def _tail_tensors(logq: torch.Tensor, ids: torch.Tensor, budget: int) -> tuple[t
 def _batched_tensors(
     logits: torch.Tensor, budget: int, x_address: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, ...]:
-    """Pure tensor body of the batched build (no host sync; CUDA-graph capturable once constants exist).
+    """Pure tensor body of the batched build (no host sync; CUDA-graph capturable once its shape was prepared).
 
     Returns token_ids, parents, depths, node_logws [B, N], num_nodes [B], bad (0-dim bool).
     """
@@ -546,177 +400,41 @@ def _build_batched_eager(logits: torch.Tensor, budget: int) -> DDTreeBuildResult
 # --------------------------------------------------------------------------------------------------
 
 
-def _capture(body, device: torch.device) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
-    """Run `body()` twice on a side stream (compiles kernels, runs first-call checks, fills constant caches:
-    none of that may happen inside a capture), then capture it. Returns the graph and its static outputs."""
-    stream = torch.cuda.Stream(device=device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            body()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = body()
-    return graph, static_out
-
-
 class _GraphedBuild:
-    """One captured batched build for a fixed (shape, dtype, budget, device), in one of three input modes.
+    """One captured batched build for a fixed (shape, dtype, budget, device) that reads the caller's logits in
+    place: the two kernels that read them take their address from a device scalar, set before each replay, so
+    one graph serves any contiguous, 16-byte aligned buffer of that layout (no copy, nothing kept alive)."""
 
-    "indirect" (the default wherever the Triton select step applies): the two kernels that read the logits
-    take their address from a device scalar, set before each replay, so the graph reads the caller's buffer
-    in place whatever its address (no copy, nothing kept alive). The logits must be contiguous.
-    "copy": the input is copied into a static buffer before each replay (0.15 ms at B = 64, V = 151,936 bf16
-    on an H200). "alias": the graph reads the caller's tensor `like` in place; it may only be replayed for a
-    tensor with the same data_ptr, shape, strides and dtype (then the same bytes), and it keeps `like` alive
-    so that its memory cannot be handed to anything else while the graph exists.
-    """
-
-    def __init__(self, like: torch.Tensor, budget: int, *, mode: str = "copy") -> None:
+    def __init__(self, like: torch.Tensor, budget: int) -> None:
         self.budget = budget
-        self.mode = mode
-        self.address = None
-        if mode == "indirect":
-            self.address = torch.tensor([like.data_ptr()], dtype=torch.int64, device=like.device)  # [1]
-            self.static_in = None
-            body_in = like  # gives the layout only: the kernels read self.address
-        elif mode == "alias":
-            self.static_in = body_in = like
-        else:
-            self.static_in = body_in = torch.zeros_like(like)
-            self.static_in.copy_(like)
-        self.graph, self.static_out = _capture(
-            lambda: _batched_tensors(body_in, budget, self.address), like.device
-        )
-
-    def reads(self, logits: torch.Tensor) -> bool:
-        """An alias graph can replay for logits: same memory, same layout (so the same bytes)."""
-        x = self.static_in
-        return (
-            logits.data_ptr() == x.data_ptr() and logits.shape == x.shape
-            and logits.stride() == x.stride() and logits.dtype == x.dtype
-        )
+        self.address = torch.tensor([like.data_ptr()], dtype=torch.int64, device=like.device)  # [1]
+        # `like` gives the layout only: the kernels read self.address
+        self.graph, self.static_out = capture(lambda: _batched_tensors(like, budget, self.address), like.device)
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.mode == "indirect":
-            self.address.fill_(logits.data_ptr())  # stream-ordered: this replay reads this buffer
-        elif self.mode == "copy":
-            self.static_in.copy_(logits)
+        self.address.fill_(logits.data_ptr())  # stream-ordered: this replay reads this buffer
         self.graph.replay()
         return tuple(t.clone() for t in self.static_out)
 
 
-def _indirect_usable(logits: torch.Tensor, budget: int) -> bool:
-    """The whole-build graph can read the caller's buffer through an address (`_GraphedBuild` "indirect"):
-    the Triton select step is the vocabulary step for this input, and DDTREE_NO_INDIRECT_GRAPH is not set."""
-    if os.environ.get("DDTREE_NO_INDIRECT_GRAPH", "") in ("1", "true", "yes"):
-        return False
+_GRAPHS: GraphCache[_GraphedBuild] = GraphCache("batched build")
+
+
+def _graph_applies(logits: torch.Tensor, budget: int) -> bool:
+    """The whole-build graph serves these logits: graphs on for the device and the select step applies."""
     b, d, v = logits.shape
-    x2d = logits.reshape(b * d, v)
-    return not _fused_topk_usable(x2d) and _select_usable(x2d, min(budget, v))
+    return build_paths(logits.device).graph and _select_applies(logits.reshape(b * d, v), min(budget, v))
 
 
-def _cached_graph(cache: OrderedDict, failed: set, key: tuple, make, what: str):
-    """The graph for `key` from the LRU `cache` (at most _MAX_GRAPHS), captured by `make()` on first use;
-    None when its capture was refused (e.g. inside another capture), which is remembered in `failed` and
-    warned about once: the caller then runs `what` eagerly, which is exact too."""
-    if key in failed:
-        return None
-    graphed = cache.get(key)
-    if graphed is not None:
-        cache.move_to_end(key)
-        return graphed
-    try:
-        graphed = make()
-    except RuntimeError as exc:
-        warnings.warn(f"ddtree build_tree: CUDA graph capture failed ({exc}); using the eager {what}")
-        failed.add(key)
-        return None
-    _lru_put(cache, key, graphed)
-    return graphed
-
-
-def _lru_put(cache: OrderedDict, key: tuple, graphed: _GraphedBuild) -> None:
-    """Insert into an LRU graph cache, evicting the least recently used beyond _MAX_GRAPHS."""
-    cache[key] = graphed
-    while len(cache) > _MAX_GRAPHS:
-        cache.popitem(last=False)
-
-
-_GRAPHS: OrderedDict[tuple, _GraphedBuild] = OrderedDict()
-_UNGRAPHABLE: set[tuple] = set()
-_MAX_GRAPHS = 16
-
-
-def _graphs_enabled() -> bool:
-    return os.environ.get("DDTREE_NO_CUDA_GRAPH", "") not in ("1", "true", "yes")
-
-
-# Where the indirect graph does not apply (float32 logits, k > 256, the opt-in radix step, or
-# DDTREE_NO_INDIRECT_GRAPH=1), alias graphs skip the static input copy for callers that
-# pass the same buffer every round (e.g. a drafter replayed from its own CUDA graph): once the copying graph
-# exists, two calls in a row at one address capture a second graph that reads that buffer in place (one per
-# shape key). If the buffer later moves (e.g. a fresh temporary per call that the allocator happened to
-# place twice at one address), the alias is dropped and that key never aliases again: one wasted capture.
-_ALIAS_GRAPHS: OrderedDict[tuple, _GraphedBuild] = OrderedDict()
-_LAST_ADDRESS: dict[tuple, tuple] = {}
-_NO_ALIAS: set[tuple] = set()
-
-
-def _alias_enabled() -> bool:
-    return os.environ.get("DDTREE_NO_GRAPH_ALIAS", "") not in ("1", "true", "yes")
-
-
-def _alias_graph(key: tuple, logits: torch.Tensor, budget: int) -> _GraphedBuild | None:
-    """The alias graph for logits' buffer, captured on the second call in a row at one address; else None."""
-    if key in _NO_ALIAS:
-        return None
-    graphed = _ALIAS_GRAPHS.get(key)
-    if graphed is not None:
-        if graphed.reads(logits):
-            _ALIAS_GRAPHS.move_to_end(key)
-            return graphed
-        del _ALIAS_GRAPHS[key]  # the buffer moved: drop the alias (and the reference it held), stop aliasing
-        _NO_ALIAS.add(key)
-        return None
-    address = (logits.data_ptr(), logits.stride())
-    seen_twice = _LAST_ADDRESS.get(key) == address
-    _LAST_ADDRESS[key] = address
-    if not seen_twice:
-        return None
-    try:
-        graphed = _GraphedBuild(logits, budget, mode="alias")
-    except RuntimeError:  # capture refused: the copying graph still serves this key
-        _NO_ALIAS.add(key)
-        return None
-    _lru_put(_ALIAS_GRAPHS, key, graphed)
-    return graphed
-
-
-def _build_batched_graphed(logits: torch.Tensor, budget: int) -> DDTreeBuildResult:
-    if _indirect_usable(logits, budget):
-        logits = logits.contiguous()  # the graph reads rows at a fixed stride
-        if logits.data_ptr() % 16:  # the kernels assume a 16-byte aligned address (vectorized loads)
-            logits = logits.clone()
-        key = (tuple(logits.shape), logits.dtype, budget, logits.device.index, "indirect")
-        graphed = _cached_graph(
-            _GRAPHS, _UNGRAPHABLE, key, lambda: _GraphedBuild(logits, budget, mode="indirect"), "batched build"
-        )
-        if graphed is None:
-            return _build_batched_eager(logits, budget)
-        tensors = graphed(logits)
-        _raise_if_bad(tensors[-1])
-        return _result(tensors)
-    key = (tuple(logits.shape), logits.dtype, budget, logits.device.index)
-    if key in _UNGRAPHABLE:
+def _build_batched(logits: torch.Tensor, budget: int) -> DDTreeBuildResult:
+    """The batched build: graph replay on CUDA where the select step applies, else eager."""
+    if not _graph_applies(logits, budget):
         return _build_batched_eager(logits, budget)
-    aliased = _alias_graph(key, logits, budget) if _alias_enabled() and key in _GRAPHS else None
-    if aliased is not None:
-        tensors = aliased(logits)
-        _raise_if_bad(tensors[-1])
-        return _result(tensors)
-    graphed = _cached_graph(_GRAPHS, _UNGRAPHABLE, key, lambda: _GraphedBuild(logits, budget), "batched build")
+    logits = logits.contiguous()  # the graph reads rows at a fixed stride
+    if logits.data_ptr() % 16:  # the kernels assume a 16-byte aligned address (vectorized loads)
+        logits = logits.clone()
+    key = (tuple(logits.shape), logits.dtype, budget, logits.device.index)
+    graphed = _GRAPHS.get(key, lambda: _GraphedBuild(logits, budget))
     if graphed is None:
         return _build_batched_eager(logits, budget)
     tensors = graphed(logits)
@@ -727,171 +445,97 @@ def _build_batched_graphed(logits: torch.Tensor, budget: int) -> DDTreeBuildResu
 def clear_graph_cache() -> None:
     """Drop every captured build (frees their static buffers)."""
     _GRAPHS.clear()
-    _ALIAS_GRAPHS.clear()
-    _LAST_ADDRESS.clear()
-    _NO_ALIAS.clear()
-    _UNGRAPHABLE.clear()
 
 
 # --------------------------------------------------------------------------------------------------
-# Triton availability (probed once per device against the torch reference)
+# the paths of one device, chosen once (probed against the torch reference)
 # --------------------------------------------------------------------------------------------------
 
-_TRITON_OK: dict[int, bool] = {}
 
-
-def _triton_lse_usable(device: torch.device) -> bool:
-    if os.environ.get("DDTREE_NO_TRITON", "") in ("1", "true", "yes"):
-        return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _TRITON_OK:
-        _TRITON_OK[index] = _probe_triton(torch.device("cuda", index))
-    return _TRITON_OK[index]
-
-
-# The kernel runs the whole per-depth beam of one request in one program, with an in-register bitonic
-# top-k over the candidate keys. Widths <= 64 unroll the depth loop (checked and timed on an H200); wider
-# beams (up to 256: <= 2048 padded int64 candidates) use a runtime depth loop, because 14 unrolled sorts of
-# 1024 / 2048 keys compiled for minutes (benchmarks/NOTES-core.md). DDTREE_TRITON_BEAM_MAX_WIDTH lowers the
-# limit (e.g. 64 to return widths 128 / 256 to the torch beam). Every shape is still checked against the
-# torch beam on its first call.
-def _triton_beam_max_width() -> int:
-    value = os.environ.get("DDTREE_TRITON_BEAM_MAX_WIDTH", "")
-    return int(value) if value.strip() else _TRITON_BEAM_MAX_WIDTH
-
-
-_TRITON_BEAM_MAX_WIDTH = 256
-_TRITON_TAIL_STATE: dict[tuple, bool] = {}  # (device, D, k, width, budget) -> checked against torch
-
-
-def _triton_tail_checked(
-    logq: torch.Tensor, ids: torch.Tensor, js: torch.Tensor, rs: torch.Tensor, pair_low: torch.Tensor, w: int,
-    budget: int,
-) -> tuple[torch.Tensor, ...] | None:
-    """The Triton tail (one-program beam, then one-program tree assembly) when usable for this shape, else
-    None (the caller runs the torch tail). Returns token_ids, parents, depths, node_logws, num_nodes.
-
-    The first call per shape (never inside a graph capture) compiles the kernels and compares their output
-    with the torch tail on the real input; a failure or a mismatch turns them off for that shape, with a
-    warning. DDTREE_NO_TRITON_BEAM turns both off.
-    """
-    if os.environ.get("DDTREE_NO_TRITON_BEAM", "") in ("1", "true", "yes"):
-        return None
-    if w > _triton_beam_max_width() or not _triton_lse_usable(logq.device):
-        return None
-    b, d, k = logq.shape
-    key = (logq.device.index, d, k, w, budget)
-    state = _TRITON_TAIL_STATE.get(key)
-    if state is False:
-        return None
-    if state is None and torch.cuda.is_current_stream_capturing():
-        return None  # never compile or check inside a capture
-    from ddtree.core.triton_kernels import beam_search, tree_from_beam
-
-    if state is None:
-        try:
-            got = tree_from_beam(*beam_search(logq, ids, js, rs, w), budget)
-            ref = _tree_from_beam_torch(*_beam_torch(logq, ids, js, rs, pair_low, w), budget)
-            ok = all(torch.equal(x, y) for x, y in zip(got, ref))
-        except Exception as exc:  # compile or launch failure: the torch tail is exact too
-            warnings.warn(f"ddtree build_tree: Triton beam unavailable for {key} ({exc}); using the torch beam")
-            ok = False
-        else:
-            if not ok:
-                warnings.warn(f"ddtree build_tree: Triton beam disagrees with the torch beam for {key}; not used")
-        _TRITON_TAIL_STATE[key] = ok
-        return got if ok else None
-    return tree_from_beam(*beam_search(logq, ids, js, rs, w), budget)
-
-
-_FUSED_TOPK_OK: dict[int, bool] = {}
-
-
-def _probe_fused_topk(device: torch.device) -> bool:
-    """Check the fused radix-select vocabulary step once per device (`_probe_vocab_step`), its row
-    logsumexp and minimum included."""
-    def step(x: torch.Tensor, k: int):
-        from ddtree.core.triton_kernels import row_topk_lse
-
-        vals, ids, lse, row_min = row_topk_lse(x, k)
-        return (*_sorted_logq(vals, ids, lse), lse, row_min)
-
-    return _probe_vocab_step(device, "fused Triton vocabulary step", step)
-
-
-def _probe_vocab_step(device: torch.device, name: str, step, *, k: int = 300) -> bool:
-    """Check a Triton vocabulary step `step(x, k) -> (logq, ids, lse or None, row_min or None)` once per device
-    against the exact tie-rule top-k and `row_lse_and_min` (logsumexp within 1e-6: steps that merge their own
-    splits may round differently), on bf16/fp16 rows with many exact ties (some at
-    the k-th position and across group borders) and a short last group."""
+@lru_cache(maxsize=1)
+def _triton_build() -> ModuleType | None:
+    """ddtree.core.triton_build, or None when triton is missing or broken (the torch paths are exact too)."""
     try:
-        from ddtree.core.triton_kernels import row_lse_and_min
-    except Exception:
+        from ddtree.core import triton_build
+    except Exception:  # noqa: BLE001 - any import failure means "no Triton"
+        return None
+    return triton_build
+
+
+@dataclass(frozen=True)
+class BuildPaths:
+    """What the batched build uses on one device (`build_paths`)."""
+
+    select: bool  # the Triton select step (bf16/fp16, k <= 256) passed its probe
+    triton_tail: bool  # the Triton beam + tree assembly may be used (still checked per shape on first use)
+    graph: bool  # whole-build CUDA graph replay where the select step applies
+    beam_max_width: int  # widest beam the Triton tail takes
+
+
+_PATHS: dict[tuple, BuildPaths] = {}
+
+
+def _refuse_in_capture(device: torch.device, what: str) -> None:
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"ddtree build_tree: {what} not prepared for {device} before a CUDA graph capture: "
+                           "call ddtree.core.build.prepare_build(...) with this shape first")
+
+
+def build_paths(device: torch.device | str) -> BuildPaths:
+    """The build paths of `device` under the current switches, decided on the first call (which compiles and
+    probes the Triton select step against the exact torch reference) and cached."""
+    device = canonical_device(device)
+    sw = switches.current()
+    key = (device, sw)
+    paths = _PATHS.get(key)
+    if paths is None:
+        _refuse_in_capture(device, "the device probe")
+        triton_ok = device.type == "cuda" and not sw.no_triton and _triton_build() is not None
+        paths = BuildPaths(
+            select=triton_ok and _probe_select(device),
+            triton_tail=triton_ok and sw.triton_beam_max_width > 0,
+            graph=device.type == "cuda" and not sw.no_cuda_graph,
+            beam_max_width=sw.triton_beam_max_width,
+        )
+        _PATHS[key] = paths
+    return paths
+
+
+def _select_applies(x2d: torch.Tensor, k: int) -> bool:
+    """The Triton select step is this input's vocabulary step: probed on the device, bf16/fp16, k fits."""
+    if x2d.dtype not in _KEY16_DTYPES or not build_paths(x2d.device).select:
         return False
-    try:
-        gen = torch.Generator(device=device).manual_seed(0)
-        ok = True
-        for dtype in _KEY16_DTYPES:
-            x = torch.randn(6, 5003, device=device, generator=gen) * 4
-            x[::2] = x[::2].round()
-            x = x.to(dtype)
-            logq, ids, lse, row_min = step(x, k)
-            slot = torch.arange(x.shape[1], device=device).expand(x.shape[0], -1)
-            ref_ids = _descending_key(x.float(), slot).topk(k, dim=-1).indices  # [R, k] exact order
-            ref_lse, ref_min = row_lse_and_min(x)
-            own_lse = ref_lse if lse is None else lse  # a step that merges its own splits may round differently
-            ok &= torch.equal(ids, ref_ids) and torch.equal(logq, x.float().gather(1, ref_ids) - own_lse[:, None])
-            if lse is not None:
-                ok &= torch.allclose(lse, ref_lse, rtol=1e-6, atol=1e-6) and torch.equal(row_min, ref_min)
-        if not ok:
-            warnings.warn(f"ddtree build_tree: {name} disagrees with torch; not used")
-        return bool(ok)
-    except Exception as exc:
-        warnings.warn(f"ddtree build_tree: {name} unavailable ({exc}); using torch")
-        return False
-
-
-_GROUPED_OK: dict[int, bool] = {}
-
-
-def _probe_grouped(device: torch.device) -> bool:
-    """Check `_vocab_step_grouped` once per device (`_probe_vocab_step`)."""
-    return _probe_vocab_step(
-        device, "grouped int32-key vocabulary step", lambda x, k: (*_vocab_step_grouped(x, k)[:2], None, None)
-    )
-
-
-_SELECT_OK: dict[int, bool] = {}
+    return _triton_build().grouped_select_fits(x2d.shape[1], k, GROUP)
 
 
 def _probe_select(device: torch.device) -> bool:
-    """Check `grouped_vocab_topk` once per device (`_probe_vocab_step`), with one and with several candidate
-    chunks per row."""
-    from ddtree.core.triton_kernels import grouped_vocab_topk
-
-    def step(chunk: int | None):
-        return lambda x, k: grouped_vocab_topk(x, k, group=GROUP, chunk=chunk)[:4]
-
-    return all(
-        _probe_vocab_step(device, f"Triton select vocabulary step (chunk {chunk})", step(chunk), k=k)
-        for chunk, k in ((None, 64), (16, 64), (None, 256))
-    )
-
-
-def _probe_triton(device: torch.device) -> bool:
-    try:
-        from ddtree.core.triton_kernels import row_lse_and_min
-    except Exception:  # triton missing or broken: the torch path is exact, only slower
-        return False
-    try:
-        gen = torch.Generator(device=device).manual_seed(0)
-        x = (torch.randn(7, 5003, device=device, generator=gen) * 4).to(torch.bfloat16)
-        lse, row_min = row_lse_and_min(x)
-        ok_lse = torch.allclose(lse, torch.logsumexp(x.float(), -1), rtol=0, atol=1e-4)
-        ok_min = torch.equal(row_min, x.float().amin(-1))
-        return bool(ok_lse and ok_min)
-    except Exception:
-        return False
+    """Check the Triton select step once per device against the exact tie-rule top-k and `row_lse_and_min`
+    (logsumexp within 1e-6: the select kernel merges the splits itself and may round differently), on bf16/fp16
+    rows with many exact ties (some at the k-th position and across group borders) and a short last group,
+    with one and with several candidate chunks per row."""
+    tb = _triton_build()
+    for chunk, k in ((None, 64), (16, 64), (None, 256)):
+        name = f"Triton select vocabulary step (chunk {chunk}, k {k})"
+        try:
+            gen = torch.Generator(device=device).manual_seed(0)
+            ok = True
+            for dtype in _KEY16_DTYPES:
+                x = torch.randn(6, 5003, device=device, generator=gen) * 4
+                x[::2] = x[::2].round()
+                x = x.to(dtype)
+                logq, ids, lse, row_min, _ = tb.grouped_vocab_topk(x, k, group=GROUP, chunk=chunk)
+                slot = torch.arange(x.shape[1], device=device).expand(x.shape[0], -1)
+                ref_ids = _descending_key(x.float(), slot).topk(k, dim=-1).indices  # [R, k] exact order
+                ref_lse, ref_min = tb.row_lse_and_min(x)
+                ok &= torch.equal(ids, ref_ids) and torch.equal(logq, x.float().gather(1, ref_ids) - lse[:, None])
+                ok &= torch.allclose(lse, ref_lse, rtol=1e-6, atol=1e-6) and torch.equal(row_min, ref_min)
+        except Exception as exc:  # noqa: BLE001 - compile or launch failure: the torch step is exact too
+            warnings.warn(f"ddtree build_tree: {name} unavailable ({exc}); using torch")
+            return False
+        if not ok:
+            warnings.warn(f"ddtree build_tree: {name} disagrees with torch; not used")
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------------------------------
@@ -917,13 +561,41 @@ def build_tree(
         from ddtree.core.build_sampling import processed_draft_logprobs
 
         draft_logits = processed_draft_logprobs(draft_logits, sampling)
-    # finiteness is checked from the vocabulary step's row statistics (no extra pass over the logits)
-    logits, budget = _validate(draft_logits, budget, method, check_finite=False)
+    logits, budget = _validate(draft_logits, budget, method)
     if method == "auto":
         b, d, v = logits.shape
         method = choose_method(b, d, v, budget, logits.device)
     if method == "heap":
         return _build_heap(logits, budget)
-    if logits.is_cuda and _graphs_enabled():
-        return _build_batched_graphed(logits, budget)
-    return _build_batched_eager(logits, budget)
+    return _build_batched(logits, budget)
+
+
+def build_tree_capturable(draft_logits: torch.Tensor, budget: int) -> tuple[DDTreeBuildResult, torch.Tensor]:
+    """The batched build as plain stream work, for a caller that captures it inside its own CUDA graph.
+
+    Capture-safe: no host synchronisation, no nested CUDA graph, no first-call probing or compiling, no Python
+    branch on tensor values; non-finite logits are reported, not raised. Returns (the tree, a 0-dim bool
+    tensor that is True when draft_logits holds nan or inf: the tree is then meaningless). On finite logits
+    the tree equals `build_tree(draft_logits, budget)` field for field. Shapes and budget are checked as in
+    `build_tree`. On CUDA call `prepare_build` for the shape first; inside a capture a shape that was not
+    prepared raises RuntimeError.
+    """
+    logits, budget = _validate(draft_logits, budget, "batched")
+    tensors = _batched_tensors(logits, budget)
+    return _result(tensors), tensors[-1]
+
+
+def prepare_build(
+    device: torch.device | str, dtype: torch.dtype, batch: int, depth: int, vocab: int, budget: int
+) -> BuildPaths:
+    """Run every per-device probe and per-shape first-call check (compiling the Triton kernels) and fill the
+    constant caches that `build_tree_capturable` needs for draft logits [batch, depth, vocab] of `dtype` and
+    this budget, outside any capture. Returns the device's `BuildPaths`."""
+    device = canonical_device(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    logits = (torch.randn((batch, depth, vocab), generator=gen, device=device) * 3).to(dtype)
+    paths = build_paths(device)
+    build_tree_capturable(logits, budget)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return paths

@@ -1,4 +1,5 @@
-"""Input validation shared by the core functions: every failure names the argument."""
+"""Input validation shared by the core functions (every failure names the argument), and the device key of
+per-device caches."""
 
 from __future__ import annotations
 
@@ -66,3 +67,11 @@ def check_budget(name: str, value: object) -> int:
     if value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value}")
     return int(value)
+
+
+def canonical_device(device: torch.device | str) -> torch.device:
+    """`device` with its index filled in ("cuda" -> "cuda:<current>"): the key of per-device caches."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device

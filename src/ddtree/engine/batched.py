@@ -33,10 +33,10 @@ from typing import Any
 import torch
 
 from ddtree.core.attention import ancestor_mask
-from ddtree.core.build import _batched_tensors
+from ddtree.core.build import build_tree_capturable, prepare_build
 from ddtree.core.sampling import SamplingParams, processed_weights
 from ddtree.core.types import DDTreeBuildResult, VerifyResult
-from ddtree.core.verify import _verify_greedy_unchecked, commit, edge_probs, sample_from_probs_, walk
+from ddtree.core.verify import commit, edge_probs, prepare_verify, sample_from_probs_, verify_greedy, walk
 from ddtree.engine.chain import build_chain
 from ddtree.engine.fast_model import FusedDecoder, SlotCache, StaticDrafter, family_of, round_up
 from ddtree.engine.rng import uniforms
@@ -192,6 +192,8 @@ class BatchedEngine:
         self._draft_logits: dict[int, torch.Tensor] = {}
         self._programs: dict[tuple, dict[str, Any]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        if self.use_graphs:
+            prepare_verify(dev)
 
     # ------------------------------------------------------------------------------ public API
     def warmup(self, methods: Iterable[tuple[str, int]] | None = None, *, buckets: Iterable[int] | None = None,
@@ -561,13 +563,13 @@ class BatchedEngine:
             def build() -> None:
                 draft_logits = self._draft_logits[b]  # the draft stage's (static, under graphs) output
                 if method == "ddtree":
-                    tensors = _batched_tensors(draft_logits, budget)
-                    prog["tree"] = DDTreeBuildResult(*tensors[:5])
-                    prog["bad"] = tensors[5]
+                    prog["tree"], prog["bad"] = build_tree_capturable(draft_logits, budget)
                 else:
                     prog["tree"] = build_chain(draft_logits)
                     prog["bad"] = ~torch.isfinite(draft_logits).all()
 
+            if self.use_graphs and method == "ddtree":  # per-device probes and per-shape checks, outside capture
+                prepare_build(dev, self.dtype, b, self.block_size - 1, self.vocab_size, budget)
             head.append(_Stage("build", build))
             self._capture(head[-1])
 
@@ -639,7 +641,7 @@ class BatchedEngine:
             tree: DDTreeBuildResult = prog["tree"]
             logits = prog["logits"]
             if params is None:
-                res = _verify_greedy_unchecked(tree, logits, depth)
+                res = verify_greedy(tree, logits, max_depth=depth, validate=False)
                 result["entropy"].zero_()  # one-hot distributions
             else:
                 res, entropy = sample_and_walk(tree, logits, params if self.use_graphs else self._live_params(b),

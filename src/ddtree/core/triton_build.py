@@ -1,22 +1,20 @@
-"""Triton kernels of the tree builder (CUDA only; importing needs triton). Each has a torch twin in build.py
-that it is probed or checked against once per device or shape.
+"""Triton kernels of the tree builder (CUDA, or CPU under TRITON_INTERPRET=1; importing needs triton). Each has
+a torch twin in build.py that it is probed or checked against once per device or shape.
 
-* `row_lse_and_min` / `row_lse_min_groupmax`: one streaming read of bf16/fp16/fp32 logits [R, V] for the row
-  logsumexp and minimum (and the maxima of groups of 64 ids), split over several programs per row, with no
-  float copy of the logits.
-* `grouped_vocab_topk`: the default CUDA vocabulary step (bf16/fp16, k <= 256): the statistics read above,
-  then one program per row that finds the exact top-k from the group maxima by counting.
-* `row_topk_lse`: the older radix-select vocabulary step (opt-in, slower on an H200).
+* `grouped_vocab_topk`: the CUDA vocabulary step (bf16/fp16, k <= 256): one streaming read of the logits [R, V]
+  for per-split statistics and the maxima of groups of 64 ids (`_split_stats_kernel`), then one program per row
+  that finds the exact top-k from the group maxima (`_grouped_select_kernel`).
+* `row_lse_and_min`: the same statistics kernel for the row logsumexp and minimum only (the probe's reference).
 * `beam_search` and `tree_from_beam`: the per-depth beam and the tree assembly, one program per request.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from ddtree import switches
 
 
 @triton.jit
@@ -36,13 +34,11 @@ def _split_stats_kernel(
     V,
     stride_row,
     num_splits,
-    hist_ptr,  # [R, S, 256] int32 when HIST: histogram of the high byte of the 16-bit order key
     gmax_ptr,  # [R, G] float32 when GMAX: max of each group of GROUP consecutive ids (G = cdiv(V, GROUP))
     num_groups,
     x_addr_ptr,  # [1] int64 when INDIRECT: the address of the logits (x_ptr then only gives their dtype)
     SPLIT_LEN: tl.constexpr,  # constexpr: a few distinct values per process (one per vocabulary/batch shape)
     BLOCK: tl.constexpr,
-    HIST: tl.constexpr,  # bf16/fp16 input only; HIST=False is the plain statistics kernel
     GMAX: tl.constexpr = False,  # also write the group maxima (from the same first read)
     GROUP: tl.constexpr = 64,  # BLOCK and SPLIT_LEN are multiples of GROUP: no group straddles two blocks
     INDIRECT: tl.constexpr = False,
@@ -67,7 +63,6 @@ def _split_stats_kernel(
     m = tl.full([NG], float("-inf"), tl.float32)
     acc = tl.zeros([NG], tl.float32)
     mn = tl.full([NG, GROUP], float("inf"), tl.float32)
-    hist = tl.zeros([512], tl.int32)
     for s in range(0, SPLIT_LEN, BLOCK):
         idx = start + s + offs
         msk = idx < stop
@@ -84,31 +79,20 @@ def _split_stats_kernel(
         if GMAX:
             gidx = (start + s) // GROUP + tl.arange(0, NG)
             tl.store(gmax_ptr + row.to(tl.int64) * num_groups + gidx, gm, mask=gidx < num_groups)
-        if HIST:  # the same read also bins the high byte (bins 256.. collect the masked lanes)
-            high = tl.where(msk, _order_key16(raw) >> 8, 511)
-            hist += tl.histogram(tl.reshape(high, [BLOCK]), 512)
     split_max = tl.max(m, 0)
     acc = tl.where(m == float("-inf"), acc * 0.0, acc * tl.exp(m - split_max))
     out = row * num_splits + split
-    if HIST:
-        bins = tl.arange(0, 512)
-        tl.store(hist_ptr + out.to(tl.int64) * 256 + bins, hist, mask=bins < 256)
     tl.store(max_ptr + out, split_max)
     tl.store(sum_ptr + out, tl.sum(acc, 0))
     tl.store(min_ptr + out, tl.min(tl.min(mn, 1), 0))
 
 
-# Programs the statistics kernel aims for (rows x splits). With 1,024, R = 960 rows got one split each and the
-# one-read kernel ran at well under the H200's bandwidth; DDTREE_STATS_PROGRAMS overrides it for measurements.
-STATS_TARGET_PROGRAMS = 4096
-
-
 def _num_splits(rows: int, vocab: int, block: int) -> int:
-    """Splits per row: enough programs to fill the GPU, never splits shorter than a few blocks."""
-    value = os.environ.get("DDTREE_STATS_PROGRAMS", "").strip()
-    target_programs = int(value) if value else STATS_TARGET_PROGRAMS
-    splits = max(1, min(target_programs // max(rows, 1), vocab // (4 * block)))
-    return max(splits, 1)
+    """Splits per row: enough programs to fill the GPU (`switches.stats_programs`, 4,096 by default: with 1,024,
+    R = 960 rows got one split each and ran well under the H200's bandwidth), never splits shorter than a few
+    blocks."""
+    target_programs = switches.current().stats_programs
+    return max(1, min(target_programs // max(rows, 1), vocab // (4 * block)))
 
 
 def row_lse_and_min(x: torch.Tensor, *, block: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,26 +110,10 @@ def row_lse_and_min(x: torch.Tensor, *, block: int = 2048) -> tuple[torch.Tensor
     part_sum = torch.empty_like(part_max)
     part_min = torch.empty_like(part_max)
     _split_stats_kernel[(rows, splits)](
-        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max, part_max, 1, part_max,
-        SPLIT_LEN=split_len, BLOCK=block, HIST=False, num_warps=8,
+        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max, 1, part_max,
+        SPLIT_LEN=split_len, BLOCK=block, num_warps=8,
     )
     return _merge_stats(part_max, part_sum, part_min)
-
-
-def row_lse_min_groupmax(
-    x: torch.Tensor, *, group: int = 64, block: int = 2048
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x: [R, V] CUDA floating tensor. Returns (logsumexp [R], min [R], group maxima [R, cdiv(V, group)]),
-    all float32, from one read of x. logsumexp and min are bit-identical to `row_lse_and_min` (same kernel,
-    same splits); group g's max covers ids [g * group, min((g + 1) * group, V)) (exact for bf16/fp16/fp32).
-    """
-    if x.dim() != 2:
-        raise ValueError(f"x must have rank 2, got shape {tuple(x.shape)}")
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    part_max, part_sum, part_min, gmax = _split_stats_groupmax(x, group, block)
-    lse, row_min = _merge_stats(part_max, part_sum, part_min)
-    return lse, row_min, gmax
 
 
 def _split_stats_groupmax(
@@ -164,9 +132,9 @@ def _split_stats_groupmax(
     part_min = torch.empty_like(part_max)
     gmax = torch.empty((rows, groups), dtype=torch.float32, device=x.device)  # [R, G]
     _split_stats_kernel[(rows, splits)](
-        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, part_max, gmax, groups,
+        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, gmax, groups,
         part_max if x_address is None else x_address,
-        SPLIT_LEN=split_len, BLOCK=block, HIST=False, GMAX=True, GROUP=group, INDIRECT=x_address is not None,
+        SPLIT_LEN=split_len, BLOCK=block, GMAX=True, GROUP=group, INDIRECT=x_address is not None,
         num_warps=8,
     )
     return part_max, part_sum, part_min, gmax
@@ -479,165 +447,6 @@ def select_launcher(
         return vals, ids, lse, row_min, bad
 
     return launch
-
-
-# --------------------------------------------------------------------------------------------------
-# fused vocabulary step: row logsumexp + exact top-k by radix select on the 16-bit order key
-# --------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _low_hist_kernel(
-    x_ptr,
-    hi_ptr,  # [R] int32: the high byte holding the k-th largest key
-    hist_ptr,  # [R, S, 256] int32 out: low-byte histogram of the keys whose high byte is hi
-    V,
-    stride_row,
-    num_splits,
-    SPLIT_LEN: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    row = tl.program_id(0)
-    split = tl.program_id(1)
-    base = x_ptr + row.to(tl.int64) * stride_row
-    start = split * SPLIT_LEN
-    stop = tl.minimum(start + SPLIT_LEN, V)
-    offs = tl.arange(0, BLOCK)
-    hi = tl.load(hi_ptr + row)
-    hist = tl.zeros([512], tl.int32)
-    for s in range(0, SPLIT_LEN, BLOCK):
-        idx = start + s + offs
-        msk = idx < stop
-        key = _order_key16(tl.load(base + idx, mask=msk, other=0.0))
-        hist += tl.histogram(tl.where(msk & ((key >> 8) == hi), key & 255, 511), 512)
-    bins = tl.arange(0, 512)
-    out = (row * num_splits + split).to(tl.int64)
-    tl.store(hist_ptr + out * 256 + bins, hist, mask=bins < 256)
-
-
-@triton.jit
-def _compact_kernel(
-    x_ptr,
-    thr_ptr,  # [R] int32: the k-th largest key T
-    ngt_ptr,  # [R] int32: how many keys of the row are > T (< k)
-    gt_off_ptr,  # [R, S] int32: keys > T in the row's earlier splits
-    eq_off_ptr,  # [R, S] int32: keys == T in the row's earlier splits
-    val_ptr,  # [R, K] float32 out
-    id_ptr,  # [R, K] int64 out
-    V,
-    stride_row,
-    K,
-    num_splits,
-    SPLIT_LEN: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Writes the row's keys > T (in id order) then the first K - ngt keys == T (smallest ids first).
-
-    One program per (row, split); the split's output offsets come from the per-split histograms.
-    """
-    row = tl.program_id(0)
-    split = tl.program_id(1)
-    base = x_ptr + row.to(tl.int64) * stride_row
-    out = row.to(tl.int64) * K
-    rs = row * num_splits + split
-    thr = tl.load(thr_ptr + row)
-    n_gt_total = tl.load(ngt_ptr + row)
-    need = K - n_gt_total
-    n_gt = tl.load(gt_off_ptr + rs)  # running offsets (int32 scalars)
-    n_eq = tl.load(eq_off_ptr + rs)
-    start = split * SPLIT_LEN
-    stop = tl.minimum(start + SPLIT_LEN, V)
-    offs = tl.arange(0, BLOCK)
-    for s in range(0, SPLIT_LEN, BLOCK):
-        idx = start + s + offs
-        msk = idx < stop
-        raw = tl.load(base + idx, mask=msk, other=0.0)
-        key = _order_key16(raw)
-        gt = msk & (key > thr)
-        eq = msk & (key == thr)
-        num_gt = tl.sum(gt.to(tl.int32), 0)
-        num_eq = tl.sum(eq.to(tl.int32), 0)
-        if num_gt + num_eq > 0:  # most blocks hold no candidate: skip the scans and stores
-            pos_gt = n_gt + tl.cumsum(gt.to(tl.int32), 0) - 1
-            pos_eq = n_eq + tl.cumsum(eq.to(tl.int32), 0) - 1
-            slot = tl.where(gt, pos_gt, n_gt_total + pos_eq)
-            keep = gt | (eq & (pos_eq < need))
-            tl.store(val_ptr + out + slot, raw.to(tl.float32), mask=keep)
-            tl.store(id_ptr + out + slot, idx.to(tl.int64), mask=keep)
-        n_gt += num_gt
-        n_eq += num_eq
-
-
-def _select_bin(hist: torch.Tensor, rank: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """hist [R, 256] counts per key byte, rank [R] (1-based, from the top). Returns the byte holding the
-    rank-th largest key and the count strictly above that byte, both [R] int64 (no host sync)."""
-    from_top = hist.flip(1).to(torch.int64).cumsum(1)  # [R, 256]: keys in bins >= 255 - i
-    i = (from_top < rank.unsqueeze(1)).sum(1)  # [R] first reversed bin reaching rank
-    above = from_top.gather(1, i.unsqueeze(1)).squeeze(1) - hist.flip(1).to(torch.int64).gather(
-        1, i.unsqueeze(1)
-    ).squeeze(1)
-    return 255 - i, above
-
-
-FUSED_TOPK_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def row_topk_lse(
-    x: torch.Tensor, k: int, *, block: int = 2048, compact_block: int = 1024
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fused vocabulary step for bf16/fp16 logits x [R, V] (CUDA, last dim contiguous), 1 <= k <= V.
-
-    Returns (values [R, k] float32, ids [R, k] int64, logsumexp [R] float32, min [R] float32). The (value,
-    id) pairs are exactly the row's k best under "larger value first, then smaller id" (-0.0 == +0.0);
-    they come grouped (keys above the k-th, then ties), not sorted. logsumexp and min are bit-identical to
-    `row_lse_and_min` (same kernel, same splits). Three streaming reads of x, each split over (row, split)
-    programs, no [R, V] temporary: statistics + high-byte histogram, low-byte histogram inside the chosen
-    bin, compaction (offsets per split from the histograms).
-    """
-    if x.dim() != 2:
-        raise ValueError(f"x must have rank 2, got shape {tuple(x.shape)}")
-    if x.dtype not in FUSED_TOPK_DTYPES:
-        raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
-    rows, vocab = x.shape
-    if not isinstance(k, int) or not 1 <= k <= vocab:
-        raise ValueError(f"k must be an int in [1, V={vocab}], got {k!r}")
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    splits, split_len = _split_geometry(rows, vocab, block)
-    part_max = torch.empty((rows, splits), dtype=torch.float32, device=x.device)  # [R, S]
-    part_sum = torch.empty_like(part_max)
-    part_min = torch.empty_like(part_max)
-    hist_hi = torch.empty((rows, splits, 256), dtype=torch.int32, device=x.device)  # [R, S, 256]
-    _split_stats_kernel[(rows, splits)](
-        x, part_max, part_sum, part_min, vocab, x.stride(0), splits, hist_hi, part_max, 1, part_max,
-        SPLIT_LEN=split_len, BLOCK=block, HIST=True, num_warps=8,
-    )
-    lse, row_min = _merge_stats(part_max, part_sum, part_min)
-    rank = torch.full((rows,), k, dtype=torch.int64, device=x.device)  # [R]
-    hi, above_hi = _select_bin(hist_hi.sum(1), rank)
-    hist_lo = torch.empty_like(hist_hi)  # [R, S, 256]
-    _low_hist_kernel[(rows, splits)](
-        x, hi.to(torch.int32), hist_lo, vocab, x.stride(0), splits, SPLIT_LEN=split_len, BLOCK=block, num_warps=8
-    )
-    lo, above_lo = _select_bin(hist_lo.sum(1), rank - above_hi)
-    thr = (hi * 256 + lo).to(torch.int32)  # [R] the k-th largest key
-    n_gt = (above_hi + above_lo).to(torch.int32)  # [R] keys strictly above it (< k)
-    # per-split counts of keys > T and == T, from the histograms -> each split's output offsets
-    byte = torch.arange(256, device=x.device)  # [256]
-    split_gt = (hist_hi * (byte > hi[:, None, None])).sum(-1) + (hist_lo * (byte > lo[:, None, None])).sum(-1)
-    split_eq = hist_lo.gather(2, lo.view(rows, 1, 1).expand(rows, splits, 1)).squeeze(2)  # [R, S]
-    gt_off = (split_gt.cumsum(1) - split_gt).to(torch.int32)  # [R, S] exclusive prefix sums
-    eq_off = (split_eq.cumsum(1) - split_eq).to(torch.int32)
-    vals = torch.empty((rows, k), dtype=torch.float32, device=x.device)  # [R, k]
-    ids = torch.empty((rows, k), dtype=torch.int64, device=x.device)
-    _compact_kernel[(rows, splits)](
-        x, thr, n_gt, gt_off, eq_off, vals, ids, vocab, x.stride(0), k, splits,
-        SPLIT_LEN=split_len, BLOCK=compact_block, num_warps=4,
-    )
-    return vals, ids, lse, row_min
-
-
-_LOW32 = (1 << 32) - 1
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Hand-made draft trees for the verifier tests (independent of the builder).
+"""Hand-made draft trees, independent of the builder: the fixtures of the core tests and of `ddtree selfcheck`.
 
 A tree is a list of nodes (parent, token, logw), root first, numbered best-first: logw strictly
 decreases from parent to child and nodes are sorted by descending logw, so parents precede children
@@ -137,12 +137,3 @@ def naive_encode_retrieve(tree: DDTreeBuildResult) -> RetrieveEncoding:
                 next_sibling[b, a] = c
     dev = tree.device
     return RetrieveEncoding(index.to(dev), next_token.to(dev), next_sibling.to(dev))
-
-
-def encode_retrieve_or_naive(tree: DDTreeBuildResult) -> RetrieveEncoding:
-    """ddtree.core.retrieve.encode_retrieve when it exists, else the naive stand-in."""
-    try:
-        from ddtree.core.retrieve import encode_retrieve
-    except ImportError:
-        return naive_encode_retrieve(tree)
-    return encode_retrieve(tree)

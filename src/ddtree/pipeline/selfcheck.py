@@ -1,4 +1,5 @@
-"""`ddtree selfcheck --device cpu|cuda --out check.json`: the core's install check on one device.
+"""`ddtree selfcheck --device cpu|cuda --out check.json`: the pipeline's first stage, the install check of the
+core on one device (its trees come from `ddtree.testing.trees`, the fixtures the core tests use).
 
 Checks (each recorded as {"name", "ok", "detail", "seconds"}):
 - build_heap_equals_batched: `build_tree` heap and batched builders return identical trees;
@@ -8,14 +9,14 @@ Checks (each recorded as {"name", "ok", "detail", "seconds"}):
 - verify_sampling_lossless[torch|reference]: a quick chi-square (alpha = 1e-3, cells with expected
   count < 5 merged) of the emitted sequence against the exact target law;
 - temperature_zero_equals_greedy;
-- triton_sampler_probe (CUDA with triton importable; informational, never fails): whether the fused
-  sampler compiles and matches torch, else why not (the torch path is then used);
-- verify_sampling_lossless[triton] (where the fused Triton sampler is usable): the same, T = 0.9;
+- triton_sampler_probe (CUDA with triton importable; informational, never fails): whether the Triton lazy
+  sample-and-walk compiles and matches torch, else why not (the torch path is then used);
+- verify_sampling_lossless[triton] (where the Triton walk is usable): the same, T = 0.9;
 - sglang_kernel_matches_reference (only where SGLang's kernel is importable on CUDA): identical
   outcomes on the same coins for at least 99% of rows.
 The JSON record: {"ok", "device", "torch_version", "cuda": {"available", "version", "device_name"},
-"sglang_kernel": "available"|"unavailable", "triton_sampler": "available"|"unavailable" (the fused
-sampler, probed on the device), "python", "created_utc", "checks": [...]}.
+"sglang_kernel": "available"|"unavailable", "triton_sampler": "available"|"unavailable" (the Triton
+walk, probed on the device), "python", "created_utc", "checks": [...]}.
 Exit status 1 when any check fails.
 """
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 import platform
 import random
 import time
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from ddtree.core.types import DDTreeBuildResult
+from ddtree.testing.trees import batch_trees, children_of, random_tree, repeat_tree
 
 ALPHA = 1e-3
 
@@ -55,82 +55,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _host_tree(tree: DDTreeBuildResult) -> list[list[tuple[int, int, float, int]]]:
-    """Per request: [(parent, token, logw, depth)] for the root and the real nodes."""
-    cpu = {f: getattr(tree, f).cpu() for f in ("parents", "token_ids", "node_logws", "depths")}
-    out = []
-    for b in range(tree.batch_size):
-        cols = [0] + [i for i in range(tree.num_columns) if int(cpu["parents"][b, i]) >= 0]
-        index = {c: k for k, c in enumerate(cols)}
-        out.append([
-            (index.get(int(cpu["parents"][b, c]), -1), int(cpu["token_ids"][b, c]),
-             float(cpu["node_logws"][b, c]), int(cpu["depths"][b, c]))
-            for c in cols
-        ])
-    return out
-
-
-def _children(nodes: list[tuple[int, int, float, int]]) -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {i: [] for i in range(len(nodes))}
-    for i, (parent, _, _, _) in enumerate(nodes):
-        if parent >= 0:
-            kids[parent].append(i)
-    for lst in kids.values():
-        lst.sort(key=lambda i: (-nodes[i][2], i))
-    return kids
-
-
-def _random_tree(num_nodes: int, vocab: int, max_depth: int, rng: random.Random, cols: int) -> list[tuple]:
-    """A best-first-numbered random trie as (parent, token, logw, depth) rows."""
-    raw = [(-1, -1, 0.0, 0)]
-    used: dict[int, set[int]] = {0: set()}
-    while len(raw) < num_nodes:
-        parent = rng.randrange(len(raw))
-        if raw[parent][3] >= max_depth or len(used[parent]) >= vocab:
-            continue
-        token = rng.choice([t for t in range(vocab) if t not in used[parent]])
-        used[parent].add(token)
-        used[len(raw)] = set()
-        raw.append((parent, token, raw[parent][2] + math.log(rng.uniform(0.05, 0.95)), raw[parent][3] + 1))
-    order = sorted(range(len(raw)), key=lambda i: -raw[i][2])
-    new = {old: k for k, old in enumerate(order)}
-    return [(new[raw[o][0]] if raw[o][0] >= 0 else -1, raw[o][1], raw[o][2], raw[o][3]) for o in order]
-
-
-def _stack(trees: list[list[tuple]], cols: int, device: torch.device) -> DDTreeBuildResult:
-    batch = len(trees)
-    fields = {
-        "token_ids": torch.full((batch, cols), -1, dtype=torch.int64),
-        "parents": torch.full((batch, cols), -1, dtype=torch.int64),
-        "depths": torch.zeros((batch, cols), dtype=torch.int64),
-        "node_logws": torch.full((batch, cols), -math.inf, dtype=torch.float32),
-    }
-    for b, nodes in enumerate(trees):
-        for i, (parent, token, logw, depth) in enumerate(nodes):
-            fields["parents"][b, i], fields["token_ids"][b, i] = parent, token
-            fields["node_logws"][b, i], fields["depths"][b, i] = logw, depth
-    num_nodes = torch.tensor([len(t) for t in trees], dtype=torch.int64)
-    return DDTreeBuildResult(**{k: v.to(device) for k, v in fields.items()}, num_nodes=num_nodes.to(device))
-
-
 def _naive_walk(nodes, picks: list[int], max_depth: int) -> tuple[list[int], int]:
-    kids = _children(nodes)
+    kids = children_of(nodes)
     path = [0]
     while True:
         cur = path[-1]
-        nxt = [c for c in kids[cur] if nodes[c][1] == picks[cur]] if nodes[cur][3] < max_depth else []
+        nxt = [c for c in kids[cur] if nodes[c].token == picks[cur]] if nodes[cur].depth < max_depth else []
         if not nxt:
             return path, picks[cur]
         path.append(nxt[0])
 
 
 def _exact_law(nodes, probs: list[list[float]], max_depth: int) -> dict[tuple, float]:
-    kids = _children(nodes)
+    kids = children_of(nodes)
     law: dict[tuple, float] = {}
     stack = [(0, 1.0, ())]
     while stack:
         u, p_path, tokens = stack.pop()
-        child = {nodes[c][1]: c for c in kids[u]} if nodes[u][3] < max_depth else {}
+        child = {nodes[c].token: c for c in kids[u]} if nodes[u].depth < max_depth else {}
         for x, p in enumerate(probs[u]):
             if x in child:
                 stack.append((child[x], p_path * p, tokens + (x,)))
@@ -219,12 +161,12 @@ def check_greedy(device: torch.device, seed: int) -> str:
 
     rng = random.Random(seed + 2)
     cols, vocab, depth = 16, 5, 4
-    trees = [_random_tree(rng.randint(1, cols), vocab, depth, rng, cols) for _ in range(32)]
-    tree = _stack(trees, cols, device)
+    trees = [random_tree(rng.randint(1, cols), vocab, depth, rng) for _ in range(32)]
+    tree = batch_trees(trees, cols, device)
     logits = torch.randn(32, cols, vocab, generator=torch.Generator().manual_seed(seed))
     for b, nodes in enumerate(trees):
         for node in nodes[1:]:
-            logits[b, node[0], node[1]] += 2.5
+            logits[b, node.parent, node.token] += 2.5
     result = verify_greedy(tree, logits.to(device), max_depth=depth)
     emitted = commit(tree, result)
     picks = logits.argmax(-1).tolist()
@@ -235,7 +177,7 @@ def check_greedy(device: torch.device, seed: int) -> str:
         if got != path + [-1] * (depth + 1 - len(path)) or int(result.bonus_token[b]) != bonus:
             bonus_got = int(result.bonus_token[b])
             raise AssertionError(f"request {b}: walked {got} bonus {bonus_got}, expected {path} {bonus}")
-        want = [nodes[i][1] for i in path[1:]] + [bonus]
+        want = [nodes[i].token for i in path[1:]] + [bonus]
         if emitted.emitted_tokens[b, : len(want)].tolist() != want:
             raise AssertionError(f"request {b}: commit emitted {emitted.emitted_tokens[b].tolist()}, expected {want}")
         total += len(path) - 1
@@ -249,14 +191,12 @@ def check_lossless(device: torch.device, seed: int, rows: int, backend: str,
 
     rng = random.Random(seed + 3)
     cols, vocab, depth = 10, 6, 3
-    nodes = _random_tree(cols, vocab, depth, rng, cols)
+    nodes = random_tree(cols, vocab, depth, rng)
     row_logits = torch.randn(cols, vocab, generator=torch.Generator().manual_seed(seed + 3))
     for node in nodes[1:]:
-        row_logits[node[0], node[1]] += 1.5
+        row_logits[node.parent, node.token] += 1.5
     params = SamplingParams(*params_row)
-    one = _stack([nodes], cols, device)
-    tree = DDTreeBuildResult(*(getattr(one, f).expand(rows, *getattr(one, f).shape[1:]).contiguous()
-                               for f in ("token_ids", "parents", "depths", "node_logws", "num_nodes")))
+    tree = repeat_tree(nodes, rows, device)
     logits = row_logits.to(device).expand(rows, -1, -1).contiguous()
     gen = torch.Generator(device=device).manual_seed(seed)
     result = verify_sampling(tree, logits, params, gen, max_depth=depth, backend=backend)
@@ -274,8 +214,8 @@ def check_temperature_zero(device: torch.device, seed: int) -> str:
     from ddtree.core.verify import verify_greedy, verify_sampling
 
     rng = random.Random(seed + 4)
-    trees = [_random_tree(rng.randint(1, 12), 6, 4, rng, 12) for _ in range(16)]
-    tree = _stack(trees, 12, device)
+    trees = [random_tree(rng.randint(1, 12), 6, 4, rng) for _ in range(16)]
+    tree = batch_trees(trees, 12, device)
     logits = (torch.randn(16, 12, 6, generator=torch.Generator().manual_seed(seed)) * 3).to(device)
     greedy = verify_greedy(tree, logits, max_depth=4)
     for backend in ("torch", "reference"):
@@ -288,7 +228,7 @@ def check_temperature_zero(device: torch.device, seed: int) -> str:
 
 def check_sglang_kernel(device: torch.device, seed: int) -> str:
     from ddtree.core.build import build_tree
-    from ddtree.core.kernels import (
+    from ddtree.core.sglang_kernel import (
         draw_coins,
         load_sglang_kernel,
         reference_tree_speculative_sampling_target_only,
@@ -314,28 +254,27 @@ def check_sglang_kernel(device: torch.device, seed: int) -> str:
 
 
 def _triton_importable() -> bool:
-    from ddtree.core.kernels import triton_sampler_importable
-
-    return triton_sampler_importable()
+    try:
+        import ddtree.core.triton_verify  # noqa: F401
+    except Exception:  # noqa: BLE001 - triton missing or broken
+        return False
+    return True
 
 
 def check_triton_probe(device: torch.device) -> str:
-    from ddtree.core.kernels import TRITON_PROBE_ERRORS, lazy_walk_usable, triton_sampler_usable
-
     # Informational: a failed probe only means verify_sampling uses the (exact) torch path.
-    lazy = "lazy sample-and-walk: " + (
-        "compiled and matches torch on the probe" if lazy_walk_usable(device)
-        else f"unavailable ({TRITON_PROBE_ERRORS.get(f'lazy:{device}', '?')}), row sampler used")
-    if not triton_sampler_usable(device):
-        return f"unavailable, torch path used: {TRITON_PROBE_ERRORS.get(str(device), '?')}; {lazy}"
-    return f"fused Triton sampler compiled and matches torch on the probe; {lazy}"
+    from ddtree.core.triton_verify import TRITON_PROBE_ERRORS, lazy_walk_usable
+
+    if not lazy_walk_usable(device):
+        return f"lazy sample-and-walk unavailable, torch path used: {TRITON_PROBE_ERRORS.get(f'lazy:{device}', '?')}"
+    return "lazy sample-and-walk compiled and matches torch on the probe"
 
 
 def _triton_sampler_ok(device: torch.device) -> bool:
-    from ddtree.core.kernels import triton_sampler_usable
+    from ddtree.core.verify import verify_paths
 
     try:
-        return triton_sampler_usable(device)
+        return verify_paths(device).triton
     except Exception:  # noqa: BLE001
         return False
 
@@ -355,7 +294,7 @@ def _run_check(name: str, fn: Callable[[], str], device: torch.device) -> dict:
 
 def run_checks(device_name: str, seed: int = 0, rows: int = 6000) -> dict:
     """All checks on one device; returns the JSON record (does not write it)."""
-    from ddtree.core.kernels import load_sglang_kernel
+    from ddtree.core.sglang_kernel import load_sglang_kernel
 
     cuda = {
         "available": torch.cuda.is_available(),
