@@ -190,10 +190,14 @@ def test_sglang_profile_dry_run_lists_ddtree_and_prints_the_plugin_check(workdir
     done = snakemake(workdir, "-n", "-p", "--cores", "1", "--config", "hardware=[b300-x8]")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
-    budgets = yaml.safe_load((workdir / "config" / "config.yaml").read_text())["budgets"]
+    from ddtree.pipeline.config import power_panel_runs
+
+    config = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    budgets = config["budgets"]
     for run in ["ar", "dflash", *(f"ddtree-b{b}" for b in budgets)]:
         assert re.search(rf"rule benchmark:.*?wildcards: profile=b300-x8, pair=[^,]+, run={re.escape(run)}\b", out, re.S), run
-    assert re.search(rf"^benchmark\s+{2 + len(budgets)}$", out, re.M)
+    # plus the report's power panel (deliberately lossy verifiers, on the same profile)
+    assert re.search(rf"^benchmark\s+{2 + len(budgets) + len(power_panel_runs(config))}$", out, re.M)
     assert "skipped" not in out
     assert re.search(r"check the DDTREE plugin on the GPU host first with: python -m ddtree\.sglang\.check "
                      r"--model resources/models/\S+ --budget \d+ -- .*--tp-size 8", out), out[-3000:]
@@ -209,7 +213,9 @@ def test_h200_profile_benchmarks_the_gpu_pair_trained_on_its_gpu(workdir):
     assert "results/h200-x1/embedded-gpu/" in out and "results/h200-x1/embedded-small/" not in out
     assert "results/cpu/embedded-small/" in out
     assert re.search(r"train-pair --size gpu .*--device cuda", out)
-    assert re.search(r"train-pair --size small .*--device cpu", out)
+    # the cpu profile's embedded-small ships trained: it is copied after its hash check, never trained here
+    assert re.search(r"rule stage_shipped_pair:.*?wildcards: shipped_pair=embedded-small", out, re.S), out[-3000:]
+    assert "train-pair --size small" not in out
     hw = yaml.safe_load((REPO / "config" / "hardware" / "h200-x1.yaml").read_text())["resources"]
     block = re.search(r"rule train_embedded_pair:.*?wildcards: embedded_pair=embedded-gpu.*?resources: ([^\n]*)",
                       out, re.S)
