@@ -27,4 +27,6 @@ def copy_workflow(dest: Path) -> Path:
 def snakemake(cwd: Path, *args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "snakemake", *args]
     full_env = {**os.environ, **(env or {})}
+    # the sglang tests' Triton interpreter must not leak into the workflow's jobs (it makes Triton code crawl on CPU)
+    full_env.pop("TRITON_INTERPRET", None)
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)

@@ -9,3 +9,5 @@
 
 Everything here imports sglang lazily except `plugin`, which SGLang itself imports.
 """
+
+ALGORITHM = "DDTREE"  # the --speculative-algorithm name (shared by the plugin and the graph hook)

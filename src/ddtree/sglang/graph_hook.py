@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ddtree.sglang.plugin import ALGORITHM
+from ddtree.sglang import ALGORITHM
 
 _MARK = "__ddtree_tree_mask__"
 

@@ -20,9 +20,10 @@ import json
 import logging
 from typing import Any
 
+from ddtree.sglang import ALGORITHM
+
 logger = logging.getLogger(__name__)
 
-ALGORITHM = "DDTREE"
 TREE_MASK_BACKENDS = ("triton", "flashinfer")
 REFUSED_BACKENDS = {
     "fa3": "fa3 ignores a custom attention mask at topk 1",
