@@ -145,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from ddtree.engine.batched import _resolve_dtype, default_dtype, make_engine
+    from ddtree.engine.batched import make_engine
+    from ddtree.engine.checks import default_dtype, resolve_dtype
     from ddtree.models.pair import load_pair
 
     budgets = parse_list(args.budgets, int, "--budgets")
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.model:
         raise SystemExit("ddtree bench engine: give --model PAIR_DIR or --random-weights SHAPE")
     device = torch.device(_resolve_device(args.device))
-    dtype = default_dtype(device) if args.dtype == "auto" else _resolve_dtype(args.dtype, device)
+    dtype = default_dtype(device) if args.dtype == "auto" else resolve_dtype(args.dtype, device)
     prompts_path = Path(args.prompts) if args.prompts else Path(args.model) / "prompts" / "heldout.jsonl"
     prompts = load_prompts(prompts_path, args.num_prompts)
 

@@ -24,7 +24,6 @@ rows [0, committed); the drafter cache holds context K/V of positions [0, commit
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,20 +37,16 @@ from ddtree.core.sampling import SamplingParams, processed_weights
 from ddtree.core.types import DDTreeBuildResult, VerifyResult
 from ddtree.core.verify import commit, edge_probs, prepare_verify, sample_from_probs_, verify_greedy, walk
 from ddtree.engine.chain import build_chain
-from ddtree.engine.fast_model import FusedDecoder, SlotCache, StaticDrafter, family_of, round_up
+from ddtree.engine.checks import check_budget, check_method, check_request_fields, resolve_dtype
+from ddtree.engine.fast_model import FusedDecoder, StaticDrafter, family_of, round_up
 from ddtree.engine.rng import uniforms
 from ddtree.engine.stopping import StopState, append_tokens
-from ddtree.engine.types import METHODS, STAGES, GenerationOutput, GenerationRequest
+from ddtree.engine.types import STAGES, GenerationOutput, GenerationRequest
 
 log = logging.getLogger("ddtree.engine")
 
 TokenCallback = Callable[[list[int]], None]
 Variant = tuple  # ("greedy",) or ("sample", top_k bucket, uses top_p)
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    """float32 on CPU (token identity with plain decoding), bfloat16 on accelerators."""
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -127,15 +122,15 @@ class BatchedEngine:
         drafter: torch.nn.Module | None = None,
         tokenizer: Any = None,
     ) -> None:
-        _check_method(method)
-        _check_budget(budget)
+        check_method(method)
+        check_budget(budget)
         self.method, self.budget = method, int(budget)
         if target is None:
             hf = pair.target
             if family_of(hf.config) is None:
                 raise ValueError(f"model family {getattr(hf.config, 'model_type', '?')!r} has no fast path")
             self.device = torch.device(device) if device is not None else next(hf.parameters()).device
-            self.dtype = _resolve_dtype(dtype, self.device)
+            self.dtype = resolve_dtype(dtype, self.device)
             hf = hf.to(device=self.device, dtype=self.dtype).eval()
             drafter = pair.drafter
             feature_layers = tuple(int(i) for i in drafter.config.target_layer_ids) if drafter is not None else ()
@@ -260,17 +255,12 @@ class BatchedEngine:
 
     def check_request(self, request: GenerationRequest, method: str, budget: int) -> None:
         """Raise ValueError naming the field for a request this engine cannot decode."""
-        _check_method(method)
-        _check_budget(budget)
+        check_method(method)
+        check_budget(budget)
         if method != "ar" and self.drafter is None:
             raise ValueError(f"method {method!r} needs a drafter; this pair has none")
+        check_request_fields(request, self.vocab_size, has_tokenizer=self.tokenizer is not None)
         ids = request.input_ids
-        if not isinstance(ids, (list, tuple)) or len(ids) == 0:
-            raise ValueError("input_ids must be a non-empty list of token ids")
-        if any((not isinstance(t, int)) or t < 0 or t >= self.vocab_size for t in ids):
-            raise ValueError(f"input_ids must be ints in [0, {self.vocab_size})")
-        if not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {request.max_new_tokens!r}")
         need = len(ids) + request.max_new_tokens + self._columns(method, self._effective_budget(method, budget)) + self.block_size
         if need > self.max_seq_len:
             raise ValueError(
@@ -278,16 +268,6 @@ class BatchedEngine:
                 f"{need - len(ids) - request.max_new_tokens} working rows exceed the engine's max_seq_len "
                 f"of {self.max_seq_len} tokens"
             )
-        t = request.temperature
-        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
-        if not isinstance(request.top_k, int):
-            raise ValueError(f"top_k must be an int (<= 0 disables it), got {request.top_k!r}")
-        p = request.top_p
-        if not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
-        if request.stop_strings and self.tokenizer is None:
-            raise ValueError("stop_strings need a tokenizer; this pair has none")
 
     def admit(self, request: GenerationRequest, *, method: str, budget: int,
               on_tokens: TokenCallback | None = None) -> _Active:
@@ -738,28 +718,6 @@ def pick_tokens(logits: torch.Tensor, params: SamplingParams, coins: torch.Tenso
         return logits.argmax(dim=-1)
     weights, _ = processed_weights(logits, params)
     return sample_from_probs_(weights, uniforms=coins.reshape(-1))
-
-
-def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    if dtype is None:
-        return default_dtype(device)
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in table:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(table)}")
-    return table[dtype]
-
-
-def _check_method(method: str) -> None:
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-
-
-def _check_budget(budget: int) -> None:
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
-        raise ValueError(f"budget must be an int >= 1, got {budget!r}")
 
 
 def make_engine(pair: Any, *, method: str = "ddtree", budget: int = 64, device: str | torch.device | None = None,

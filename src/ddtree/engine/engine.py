@@ -21,7 +21,6 @@ max_new_tokens and never emitted.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,17 +35,13 @@ from ddtree.core.sampling import SamplingParams, process_logits
 from ddtree.core.types import DDTreeBuildResult
 from ddtree.core.verify import commit, verify_greedy
 from ddtree.engine.chain import build_chain
+from ddtree.engine.checks import check_budget, check_method, check_request_fields, default_dtype, resolve_dtype
 from ddtree.engine.kv import cache_keyword, keep_rows, new_cache
 from ddtree.engine.stopping import StopState, append_tokens
-from ddtree.engine.types import METHODS, STAGES, GenerationOutput, GenerationRequest
+from ddtree.engine.types import STAGES, GenerationOutput, GenerationRequest
 
 TokenCallback = Callable[[list[int]], None]
 _MASK_CAPABLE_ATTENTION = ("sdpa", "eager")
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    """float32 on CPU (token identity with plain decoding), bfloat16 on accelerators."""
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
 
 
 class _StageClock:
@@ -86,8 +81,8 @@ class DecodingEngine:
         verifier: str = "exact",
         tree_sampling: bool = False,
     ) -> None:
-        _check_method(method)
-        _check_budget(budget)
+        check_method(method)
+        check_budget(budget)
         # sampling verifier by name (ddtree.core.lossy_verifiers: "exact", or a lossy one for the power panel)
         self.verifier = verifier
         self._verify_sampling = get_verifier(verifier)
@@ -98,7 +93,7 @@ class DecodingEngine:
         target = pair.target
         self.device = torch.device(device) if device is not None else next(target.parameters()).device
         if isinstance(dtype, str):
-            dtype = _parse_dtype(dtype)
+            dtype = resolve_dtype(dtype, self.device)
         self.dtype = dtype if dtype is not None else default_dtype(self.device)
         self.target = target.to(device=self.device, dtype=self.dtype).eval()
         self.drafter = pair.drafter.to(device=self.device, dtype=self.dtype).eval() if pair.drafter is not None else None
@@ -134,8 +129,8 @@ class DecodingEngine:
         to the output (stop rules applied), from the decoding thread: the server streams from it."""
         method = self.method if method is None else method
         budget = self.budget if budget is None else budget
-        _check_method(method)
-        _check_budget(budget)
+        check_method(method)
+        check_budget(budget)
         if method != "ar" and self.drafter is None:
             raise ValueError(f"method {method!r} needs a drafter; this pair has none")
         self._check_request(request)
@@ -152,32 +147,17 @@ class DecodingEngine:
 
     # ------------------------------------------------------------------------------------- internals
     def _check_request(self, request: GenerationRequest) -> None:
+        check_request_fields(request, self.vocab_size, has_tokenizer=self.tokenizer is not None)
         ids = request.input_ids
-        if not isinstance(ids, (list, tuple)) or len(ids) == 0:
-            raise ValueError("input_ids must be a non-empty list of token ids")
-        if any((not isinstance(t, int)) or t < 0 or t >= self.vocab_size for t in ids):
-            raise ValueError(f"input_ids must be ints in [0, {self.vocab_size})")
         if len(ids) >= self.max_context:
             raise ValueError(
                 f"prompt of {len(ids)} tokens does not fit the context of {self.max_context} tokens"
             )
-        if not isinstance(request.max_new_tokens, int) or request.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {request.max_new_tokens!r}")
         if len(ids) + request.max_new_tokens > self.max_context:
             raise ValueError(
                 f"prompt ({len(ids)}) + max_new_tokens ({request.max_new_tokens}) exceeds the context "
                 f"of {self.max_context} tokens"
             )
-        t = request.temperature
-        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
-        if not isinstance(request.top_k, int):
-            raise ValueError(f"top_k must be an int (<= 0 disables it), got {request.top_k!r}")
-        p = request.top_p
-        if not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
-        if request.stop_strings and self.tokenizer is None:
-            raise ValueError("stop_strings need a tokenizer; this pair has none")
 
     def _forward(self, input_ids, position_ids, cache, *, attention_mask=None, hidden=False, last_only=False):
         kwargs = {self._cache_kw: cache}
@@ -370,24 +350,6 @@ class DecodingEngine:
         mask4 = torch.zeros((1, 1, n, committed + n), dtype=self.dtype, device=self.device)  # [1, 1, N, L + N]
         mask4[:, 0, :, committed:].masked_fill_(~attn.mask, self._mask_min)
         return tokens, positions, mask4
-
-
-def _check_method(method: str) -> None:
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-
-
-def _check_budget(budget: int) -> None:
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
-        raise ValueError(f"budget must be an int >= 1, got {budget!r}")
-
-
-def _parse_dtype(name: str) -> torch.dtype:
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(table)}")
-    return table[name]
 
 
 def _use_mask_capable_attention(model: torch.nn.Module) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from ddtree.engine.types import GenerationOutput, GenerationRequest
+from ddtree.engine.types import GenerationRequest
 
 log = logging.getLogger("ddtree.scheduler")
 
