@@ -121,9 +121,16 @@ def test_cuda_graph_rounds_equal_eager_rounds(tiny_pair, prompts, method, budget
     graphed = BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, device="cuda", dtype=torch.float32)
     eager = BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, device="cuda", dtype=torch.float32,
                           cuda_graphs=False)
+    # the torch reference attention (SDPA over the whole slot) against the Triton kernel the others use
+    reference = BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, device="cuda", dtype=torch.float32,
+                              cuda_graphs=False, attention="sdpa")
+    assert graphed.target.attention.backend == "triton"
     graphed.warmup([(method, budget)])
     for sampling in ({}, {"temperature": 0.9, "seed": 3}):
         requests = _requests(prompts, **sampling)
         a = graphed.generate_batch(requests, method=method, budget=budget)
         b = eager.generate_batch(requests, method=method, budget=budget)
         assert [x.output_ids for x in a] == [x.output_ids for x in b]
+        if not sampling:
+            c = reference.generate_batch(requests, method=method, budget=budget)
+            assert [x.output_ids for x in a] == [x.output_ids for x in c]

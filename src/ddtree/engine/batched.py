@@ -38,7 +38,7 @@ from ddtree.core.types import DDTreeBuildResult, VerifyResult
 from ddtree.core.verify import commit, edge_probs, prepare_verify, sample_from_probs_, verify_greedy, walk
 from ddtree.engine.chain import build_chain
 from ddtree.engine.checks import check_budget, check_method, check_request_fields, resolve_dtype
-from ddtree.engine.fast_model import FusedDecoder, StaticDrafter, family_of, round_up
+from ddtree.engine.fast_model import FusedDecoder, StaticDrafter, Visibility, family_of, round_up
 from ddtree.engine.rng import uniforms
 from ddtree.engine.stopping import StopState, append_tokens
 from ddtree.engine.types import STAGES, GenerationOutput, GenerationRequest
@@ -118,6 +118,7 @@ class BatchedEngine:
         max_seq_len: int | None = None,
         cuda_graphs: bool = True,
         profile_stages: bool = False,
+        attention: str = "auto",
         target: FusedDecoder | None = None,
         drafter: torch.nn.Module | None = None,
         tokenizer: Any = None,
@@ -134,13 +135,14 @@ class BatchedEngine:
             hf = hf.to(device=self.device, dtype=self.dtype).eval()
             drafter = pair.drafter
             feature_layers = tuple(int(i) for i in drafter.config.target_layer_ids) if drafter is not None else ()
-            target = FusedDecoder.from_hf(hf, feature_layers)
+            target = FusedDecoder.from_hf(hf, feature_layers, attention=attention)
             tokenizer = getattr(pair, "tokenizer", None)
         else:
             self.device, self.dtype = target.device, target.dtype
         self.target = target
         self.tokenizer = tokenizer
-        self.drafter = StaticDrafter(drafter.to(device=self.device, dtype=self.dtype).eval()) if drafter is not None else None
+        self.drafter = (StaticDrafter(drafter.to(device=self.device, dtype=self.dtype).eval(), attention=attention)
+                        if drafter is not None else None)
         self.vocab_size = int(target.embed.shape[0])
         self.block_size = self.drafter.block_size if self.drafter is not None else 1
         limit = target.shape.max_position_embeddings
@@ -179,7 +181,6 @@ class BatchedEngine:
         self._host_counts = torch.empty((m, 2), dtype=torch.int64, pin_memory=pin)
         self._host_expected = torch.empty((m, 2), dtype=torch.float32, pin_memory=pin)
         self._copied = torch.cuda.Event() if pin else None
-        self._cols = torch.arange(self.max_seq_len, device=dev)  # [S]
 
         self._active: list[_Active] = []
         self._group: tuple[str, int] | None = None
@@ -475,14 +476,15 @@ class BatchedEngine:
         ids = torch.tensor([request.input_ids], dtype=torch.int64, device=dev)  # [1, P]
         p = ids.shape[1]
         positions = torch.arange(p, device=dev).unsqueeze(0)  # [1, P]
-        mask = (self._cols.view(1, 1, -1) <= positions.view(1, p, 1))  # [1, P, S] causal
-        logits, features = self.target.forward(ids, positions, positions, mask, self.target_cache, first_slot=row,
+        zero = torch.zeros(1, dtype=torch.int64, device=dev)
+        causal = torch.ones((1, p, p), dtype=torch.bool, device=dev).tril_()  # [1, P, P]
+        vis = Visibility(context_len=zero, own_start=zero, own_mask=causal)  # rows = positions
+        logits, features = self.target.forward(ids, positions, vis, self.target_cache, first_slot=row,
                                                last_logits_only=True, with_features=with_drafter)
         if with_drafter:
             self.drafter.write_context(self.drafter.project(features), positions, self.drafter_cache, first_slot=row)
         seed = request.seed if request.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
         seed_t = torch.tensor([seed], dtype=torch.int64, device=dev)
-        zero = torch.zeros(1, dtype=torch.int64, device=dev)
         params = SamplingParams(temperature=float(request.temperature), top_k=int(request.top_k),
                                 top_p=float(request.top_p))
         first = pick_tokens(logits[:, -1], params, uniforms(seed_t, zero, 1))  # [1]
@@ -560,16 +562,13 @@ class BatchedEngine:
             tokens[:, 0] = self.bonus[:b]
             prog["tokens"] = tokens.clamp_min_(0)  # padding columns see only themselves
             prog["positions"] = committed.unsqueeze(1) + tree.depths  # [B, N]
-            prog["rows"] = committed.unsqueeze(1) + torch.arange(n, device=dev)  # [B, N]
-            rel = self._cols.view(1, 1, -1) - committed.view(b, 1, 1)  # [B, 1, S]
-            ancestors = ancestor_mask(tree.parents)  # [B, N, N]
-            in_tree = (rel >= 0) & (rel < n)
-            tree_part = ancestors.gather(2, rel.clamp(0, n - 1).expand(b, n, -1)) & in_tree
-            prog["mask"] = (rel < 0) | tree_part  # [B, N, S]
+            base = committed.clone()  # [B] the committed rows are the context; node j goes to row base + j
+            # padding columns (parent -1) see only themselves
+            prog["vis"] = Visibility(context_len=base, own_start=base, own_mask=ancestor_mask(tree.parents))
 
         def forward() -> None:
             prog["logits"], prog["features"] = self.target.forward(
-                prog["tokens"], prog["positions"], prog["rows"], prog["mask"], self.target_cache,
+                prog["tokens"], prog["positions"], prog["vis"], self.target_cache,
                 with_features=method != "ar")
 
         head.append(_Stage("compile", compile_tree))
@@ -600,10 +599,10 @@ class BatchedEngine:
             # beyond `committed`, where nothing is visible, and are overwritten by later rounds
             ctx_positions = (committed - pending_len).unsqueeze(1) + offsets  # [B, b]
             self.drafter.write_context(self.pending[:b], ctx_positions, self.drafter_cache)
-            visible = self._cols.unsqueeze(0) < committed.unsqueeze(1)  # [B, S]
             block_ids[:, 0] = self.bonus[:b]
             embeds = torch.nn.functional.embedding(block_ids, self.target.embed)
-            hidden = self.drafter.forward_block(embeds, committed.unsqueeze(1) + offsets, visible, self.drafter_cache)
+            hidden = self.drafter.forward_block(embeds, committed.unsqueeze(1) + offsets, committed.clone(),
+                                                self.drafter_cache)
             self._draft_logits[b] = torch.nn.functional.linear(hidden[:, 1:], self.target.lm_head)  # [B, D, V]
 
         stage = self._draft_stages[b] = _Stage("draft", draft)
@@ -723,13 +722,14 @@ def pick_tokens(logits: torch.Tensor, params: SamplingParams, coins: torch.Tenso
 def make_engine(pair: Any, *, method: str = "ddtree", budget: int = 64, device: str | torch.device | None = None,
                 dtype: str | torch.dtype | None = None, max_batch: int = 8, max_seq_len: int | None = None,
                 cuda_graphs: bool = True, profile_stages: bool = False, verifier: str = "exact",
-                tree_sampling: bool = False):
+                tree_sampling: bool = False, attention: str = "auto"):
     """The batched engine for the families of `fast_model` (Qwen3, Qwen2, Llama layouts); the Hugging Face
     engine (one request at a time, eager) for every other family and for the experiment-only options (a lossy
     `verifier` for the report's power panel, `tree_sampling`). Chosen once, here."""
     if family_of(pair.target.config) is not None and verifier == "exact" and not tree_sampling:
         return BatchedEngine(pair, method=method, budget=budget, device=device, dtype=dtype, max_batch=max_batch,
-                             max_seq_len=max_seq_len, cuda_graphs=cuda_graphs, profile_stages=profile_stages)
+                             max_seq_len=max_seq_len, cuda_graphs=cuda_graphs, profile_stages=profile_stages,
+                             attention=attention)
     from ddtree.engine.engine import DecodingEngine
 
     log.info("model family %r: Hugging Face engine (batch 1, eager)", getattr(pair.target.config, "model_type", "?"))

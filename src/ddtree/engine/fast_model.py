@@ -4,9 +4,13 @@ static, slot-indexed KV caches, written so that one decoding round can be replay
 Why not the Hugging Face modules: their caches grow by concatenation, write one position range shared by
 the batch and take a 4D mask per call, and their forward launches separate q/k/v and gate/up projections.
 Here every request owns a cache slot of a fixed capacity, each token writes the cache row given in `rows`
-(so tree nodes of different requests land at different offsets), attention reads the whole slot under a
-boolean visibility mask, and q/k/v and gate/up are one matmul each. Shapes never depend on data, so the
-same code runs eagerly on the CPU and under CUDA-graph capture on a GPU.
+(so tree nodes of different requests land at different offsets), what a token sees is a `Visibility`
+(a context prefix plus a mask over the forward's own tokens), and q/k/v and gate/up are one matmul each.
+Shapes never depend on data, so the same code runs eagerly on the CPU and under CUDA-graph capture on a GPU.
+
+Attention has two backends, chosen once per model at construction: `triton`
+(`ddtree.engine.triton_attention`, CUDA: reads only the visible rows, split over the key range) and `sdpa`
+(the pure-torch reference that runs everywhere: the visibility as an additive bias over the whole slot).
 
 Shape letters: B batch rows (the first B cache slots), T tokens per row, S cache capacity (rows per slot),
 L layers, H hidden size, h / h_kv query / key-value heads, d head dim, g = h / h_kv, V vocabulary.
@@ -105,6 +109,66 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+@dataclass
+class Visibility:
+    """What the T tokens of one forward attend to, per batch row b: the context rows [0, context_len[b]) of
+    the slot, and their own tokens, whose K/V this forward writes to rows own_start[b] + 0 .. T-1, through
+    own_mask (token i sees own token j; every token sees itself). Prefill: no context, causal own mask;
+    tree verify: the committed rows, ancestor-only mask; drafter block: the committed context, all-ones."""
+
+    context_len: torch.Tensor  # [B] int64
+    own_start: torch.Tensor  # [B] int64
+    own_mask: torch.Tensor  # [B, T, T] bool
+
+    def rows(self) -> torch.Tensor:
+        """[B, T] int64: the cache row each own token's K/V is written to."""
+        t = self.own_mask.shape[1]
+        return self.own_start.unsqueeze(1) + torch.arange(t, device=self.own_start.device)
+
+    def dense(self, capacity: int) -> torch.Tensor:
+        """[B, T, S] bool over the slot's S rows (the reference backend's mask)."""
+        b, t, _ = self.own_mask.shape
+        cols = torch.arange(capacity, device=self.own_mask.device).view(1, 1, capacity)
+        rel = cols - self.own_start.view(b, 1, 1)  # [B, 1, S] index among the own tokens
+        own = self.own_mask.gather(2, rel.clamp(0, t - 1).expand(b, t, capacity)) & (rel >= 0) & (rel < t)
+        return own | (cols < self.context_len.view(b, 1, 1))
+
+
+ATTENTION_BACKENDS = ("sdpa", "triton")
+
+
+def resolve_attention(name: str, device: torch.device) -> str:
+    """'auto' -> triton on CUDA when triton is installed, else sdpa; an explicit name is checked."""
+    from ddtree.engine import triton_attention
+
+    if name == "auto":
+        return "triton" if device.type == "cuda" and triton_attention.HAS_TRITON else "sdpa"
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention backend must be one of {('auto', *ATTENTION_BACKENDS)}, got {name!r}")
+    if name == "triton" and not triton_attention.available(device):
+        raise ValueError(f"attention backend 'triton' needs triton and a CUDA device (got {device})")
+    return name
+
+
+class Attention:
+    """The attention of one model, backend fixed at construction. `prepare` runs once per forward (the
+    reference's bias), `__call__` once per layer."""
+
+    def __init__(self, backend: str, groups: int) -> None:
+        self.backend, self.groups = backend, groups
+
+    def prepare(self, vis: Visibility, capacity: int, dtype: torch.dtype) -> torch.Tensor | None:
+        return attention_bias(vis.dense(capacity), self.groups, dtype) if self.backend == "sdpa" else None
+
+    def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, vis: Visibility,
+                 bias: torch.Tensor | None) -> torch.Tensor:
+        if self.backend == "sdpa":
+            return grouped_attention(q, keys, values, bias)
+        from ddtree.engine.triton_attention import tree_attention
+
+        return tree_attention(q, keys, values, vis.context_len, vis.own_start, vis.own_mask)
 
 
 def attention_bias(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
@@ -226,7 +290,8 @@ class FusedDecoder:
     """
 
     def __init__(self, shape: DecoderShape, layers: list[dict[str, torch.Tensor]], embed: torch.Tensor,
-                 final_norm: torch.Tensor, lm_head: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> None:
+                 final_norm: torch.Tensor, lm_head: torch.Tensor, feature_layers: tuple[int, ...] = (),
+                 attention: str = "auto") -> None:
         self.shape = shape
         self.layers = layers
         self.embed = embed  # [V, H]
@@ -236,11 +301,13 @@ class FusedDecoder:
         self.device = embed.device
         self.dtype = embed.dtype
         self.ops = Pointwise.for_device(self.device)
+        self.attention = Attention(resolve_attention(attention, self.device), shape.groups)
 
     # construction -------------------------------------------------------------------------------------
     @classmethod
     @torch.no_grad()
-    def from_hf(cls, model: torch.nn.Module, feature_layers: tuple[int, ...] = ()) -> "FusedDecoder":
+    def from_hf(cls, model: torch.nn.Module, feature_layers: tuple[int, ...] = (), *,
+                attention: str = "auto") -> "FusedDecoder":
         shape = shape_of(model.config)
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         layers = []
@@ -261,12 +328,12 @@ class FusedDecoder:
                 entry["q_norm"], entry["k_norm"] = attn.q_norm.weight, attn.k_norm.weight
             layers.append(entry)
         return cls(shape, layers, model.get_input_embeddings().weight, base.norm.weight,
-                   model.get_output_embeddings().weight, feature_layers)
+                   model.get_output_embeddings().weight, feature_layers, attention)
 
     @classmethod
     @torch.no_grad()
     def random(cls, shape: DecoderShape, device: torch.device, dtype: torch.dtype, *,
-               feature_layers: tuple[int, ...] = (), seed: int = 0) -> "FusedDecoder":
+               feature_layers: tuple[int, ...] = (), seed: int = 0, attention: str = "auto") -> "FusedDecoder":
         """Random weights of an architecture's shape (cost measurements; nothing to download)."""
         gen = torch.Generator(device=device).manual_seed(seed)
         hd, kv, h = shape.head_dim, shape.num_kv_heads, shape.num_heads
@@ -286,7 +353,7 @@ class FusedDecoder:
                 entry["q_norm"] = entry["k_norm"] = torch.ones(hd, device=device, dtype=dtype)
             layers.append(entry)
         embed = w(shape.vocab_size, shape.hidden_size)
-        return cls(shape, layers, embed, ones, embed, feature_layers)
+        return cls(shape, layers, embed, ones, embed, feature_layers, attention)
 
     def allocate_cache(self, slots: int, capacity: int) -> SlotCache:
         s = self.shape
@@ -297,8 +364,7 @@ class FusedDecoder:
         self,
         tokens: torch.Tensor,  # [B, T] int64
         positions: torch.Tensor,  # [B, T] int64, RoPE positions
-        rows: torch.Tensor,  # [B, T] int64, cache row each token's K/V is written to
-        mask: torch.Tensor,  # [B, T, S] bool, cache rows each token sees (its own row included)
+        vis: Visibility,  # what each token sees; its own K/V go to rows own_start + t
         cache: SlotCache,
         *,
         first_slot: int = 0,
@@ -311,7 +377,8 @@ class FusedDecoder:
         h, kv, hd = s.num_heads, s.num_kv_heads, s.head_dim
         x = F.embedding(tokens, self.embed)  # [B, T, H]
         cos, sin = rope_tables(positions, hd, s.rope_theta, x.dtype)
-        bias = attention_bias(mask, s.groups, x.dtype)
+        rows = vis.rows()  # [B, T]
+        bias = self.attention.prepare(vis, cache.capacity, x.dtype)
         slots = slice(first_slot, first_slot + b)
         features: dict[int, torch.Tensor] = {}
         y = ops.norm(x, self.layers[0]["ln1"], s.rms_norm_eps)
@@ -323,7 +390,7 @@ class FusedDecoder:
             keys, values = cache.keys[i, slots], cache.values[i, slots]  # [B, h_kv, S, d] views
             write_rows(keys, rows, k)
             write_rows(values, rows, v.view(b, t, kv, hd))
-            x, y = ops.add_norm(x, F.linear(grouped_attention(q, keys, values, bias), w["o"]), w["ln2"], s.rms_norm_eps)
+            x, y = ops.add_norm(x, F.linear(self.attention(q, keys, values, vis, bias), w["o"]), w["ln2"], s.rms_norm_eps)
             delta = F.linear(ops.silu_mul(F.linear(y, w["gate_up"])), w["down"])
             following = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.final_norm
             x, y = ops.add_norm(x, delta, following, s.rms_norm_eps)
@@ -356,7 +423,7 @@ class StaticDrafter:
     views) over a `SlotCache` whose rows [0, S) hold context K/V at their positions and rows [S, S + b) the
     current block's K/V."""
 
-    def __init__(self, drafter: torch.nn.Module) -> None:
+    def __init__(self, drafter: torch.nn.Module, *, attention: str = "auto") -> None:
         self.module = drafter
         cfg = drafter.config
         self.block_size = int(cfg.block_size)
@@ -367,6 +434,8 @@ class StaticDrafter:
         self.num_kv_heads = int(cfg.num_key_value_heads)
         self.num_heads = int(cfg.num_attention_heads)
         self.ops = Pointwise.for_device(drafter.fc.weight.device)
+        self.attention = Attention(resolve_attention(attention, drafter.fc.weight.device),
+                                   self.num_heads // self.num_kv_heads)
         self.layers = []
         with torch.no_grad():
             for layer in drafter.layers:
@@ -403,22 +472,23 @@ class StaticDrafter:
             write_rows(cache.keys[i, slots], positions, k)
             write_rows(cache.values[i, slots], positions, v.view(b, t, kv, hd))
 
-    def forward_block(self, block_embeds: torch.Tensor, block_positions: torch.Tensor, visible: torch.Tensor,
+    def forward_block(self, block_embeds: torch.Tensor, block_positions: torch.Tensor, context_len: torch.Tensor,
                       cache: SlotCache) -> torch.Tensor:
         """One non-causal forward of the block over the cached context of the first B slots.
 
-        block_embeds [B, b, H]; block_positions [B, b]; visible [B, S] bool (context rows the block sees).
-        Returns final-normed hidden states [B, b, H]."""
+        block_embeds [B, b, H]; block_positions [B, b]; context_len [B] (the block sees context rows
+        [0, context_len)). Returns final-normed hidden states [B, b, H]."""
         ops, eps = self.ops, self.eps
         b, length, _ = block_embeds.shape
         h, kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         capacity = cache.capacity - self.block_size
         x = block_embeds.to(self.module.fc.weight.dtype)
         cos, sin = rope_tables(block_positions, hd, self.theta, x.dtype)
-        block_rows = (torch.arange(length, device=x.device) + capacity).expand(b, length)  # [B, b]
-        own = torch.ones((b, length), dtype=torch.bool, device=x.device)
-        mask = torch.cat([visible, own], dim=1).unsqueeze(1).expand(b, length, capacity + length)  # [B, b, S + b]
-        bias = attention_bias(mask, h // kv, x.dtype)
+        vis = Visibility(context_len=context_len,
+                         own_start=torch.full((b,), capacity, dtype=torch.int64, device=x.device),
+                         own_mask=torch.ones((b, length, length), dtype=torch.bool, device=x.device))
+        block_rows = vis.rows()  # [B, b]
+        bias = self.attention.prepare(vis, cache.capacity, x.dtype)
         y = ops.norm(x, self.layers[0]["ln1"], eps)
         for i, w in enumerate(self.layers):
             q, k, v = F.linear(y, w["qkv"]).split((h * hd, kv * hd, kv * hd), dim=-1)
@@ -427,7 +497,7 @@ class StaticDrafter:
             keys, values = cache.keys[i, :b], cache.values[i, :b]
             write_rows(keys, block_rows, k)
             write_rows(values, block_rows, v.view(b, length, kv, hd))
-            x, y = ops.add_norm(x, F.linear(grouped_attention(q, keys, values, bias), w["o"]), w["ln2"], eps)
+            x, y = ops.add_norm(x, F.linear(self.attention(q, keys, values, vis, bias), w["o"]), w["ln2"], eps)
             delta = F.linear(ops.silu_mul(F.linear(y, w["gate_up"])), w["down"])
             following = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.module.norm.weight
             x, y = ops.add_norm(x, delta, following, eps)

@@ -1,0 +1,187 @@
+"""Tree attention over slot caches as one Triton kernel (split-KV, flash-decoding style), for CUDA.
+
+What every forward of the engine attends to has one structure (`Visibility`): a context prefix of the
+slot, rows [0, context_len[b]), that every token sees, and the forward's own T tokens, whose K/V sit in rows
+[own_start[b], own_start[b] + T) and which see each other through an own-token mask [B, T, T] (causal for a
+prefill, ancestor-only for a tree, all-ones for the drafter's block). The torch reference
+(`ddtree.engine.fast_model.grouped_attention`) turns that into an additive bias over the whole slot
+capacity and calls SDPA; this kernel reads only the visible rows, in place, and never builds the bias.
+
+Why a kernel: at batch 1 a decode step or a small tree has 4-16 query rows per K/V head, so SDPA's
+kernels run a handful of programs over the whole capacity while the GPU has 132 SMs. Here the key range
+(context + own tokens, a virtual concatenation) is split over SPLITS programs per (row, K/V head, query
+block), each keeping an online softmax; a second kernel merges the splits by their log-sum-exp. The context
+length is read on the device, so one CUDA graph serves every length; SPLITS depends only on shapes.
+
+Layouts: q [B, T, h, d] (the q/k/v projection's output viewed per head, any strides with d contiguous);
+keys / values [B, h_kv, S, d] (slot views of the cache); output [B, T, h * d]. Query heads kvh * g .. kvh *
+g + g - 1 share K/V head kvh (Hugging Face's repeat_kv order).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the torch path is used
+    triton = None
+
+HAS_TRITON = triton is not None
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernel can run for tensors on `device` (CUDA with triton; the CPU only under the interpreter)."""
+    import os
+
+    if not HAS_TRITON:
+        return False
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def launch_shape(batch: int, kv_heads: int, query_rows: int, capacity: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, SPLITS) for a forward: query blocks of the g*T rows of one K/V head, key tiles, and
+    enough key splits that the grid fills the GPU twice over (fixed by shapes, so graph-capturable)."""
+    block_m = 16 if query_rows <= 16 else (32 if query_rows <= 32 else 64)
+    block_n = 32 if query_rows <= 16 else 64
+    tiles = batch * kv_heads * triton.cdiv(query_rows, block_m)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    splits = max(1, min(64, (2 * sms) // max(tiles, 1), triton.cdiv(capacity, block_n)))
+    return block_m, block_n, splits
+
+
+def tree_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, context_len: torch.Tensor,
+                   own_start: torch.Tensor, own_mask: torch.Tensor) -> torch.Tensor:
+    """q [B, T, h, d]; keys / values [B, h_kv, S, d]; context_len / own_start [B] int64; own_mask [B, T, T]
+    bool (query token i sees own token j). Returns [B, T, h * d] in q's dtype."""
+    b, t, h, d = q.shape
+    kv, capacity = keys.shape[1], keys.shape[2]
+    g = h // kv
+    rows = g * t
+    if q.stride(-1) != 1 or keys.stride(-1) != 1 or values.stride(-1) != 1:
+        raise ValueError("tree_attention: the head dimension must be contiguous")
+    if d not in (16, 32, 64, 128, 256):
+        raise ValueError(f"tree_attention: head_dim {d} is not a power of two in [16, 256]")
+    block_m, block_n, splits = launch_shape(b, kv, rows, capacity, q.device)
+    mask = own_mask.contiguous().view(torch.uint8)  # bool -> bytes, no copy when already contiguous
+    out = torch.empty((b, t, h, d), device=q.device, dtype=q.dtype)
+    direct = splits == 1
+    if direct:
+        part, lse = out, out  # unused placeholders
+    else:
+        part = torch.empty((b, kv, splits, rows, d), device=q.device, dtype=torch.float32)
+        lse = torch.empty((b, kv, splits, rows), device=q.device, dtype=torch.float32)
+    m_blocks = triton.cdiv(rows, block_m)
+    _tree_attention_splits[(b * kv, m_blocks, splits)](
+        q, keys, values, context_len, own_start, mask, part, lse, out,
+        q.stride(0), q.stride(1), q.stride(2),
+        keys.stride(0), keys.stride(1), keys.stride(2),
+        values.stride(0), values.stride(1), values.stride(2),
+        mask.stride(0), mask.stride(1),
+        t, kv, 1.0 / math.sqrt(d),
+        G=g, D=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits, DIRECT=direct,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
+    )
+    if not direct:
+        _merge_splits[(b * kv, m_blocks)](part, lse, out, t, kv, G=g, D=d, BLOCK_M=block_m, SPLITS=splits,
+                                          num_warps=4)
+    return out.view(b, t, h * d)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _tree_attention_splits(
+        Q, K, V, CTX, OWN, MASK, PART, LSE, OUT,
+        s_qb, s_qt, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_mb, s_mi,
+        T, H_KV, sm_scale,
+        G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        SPLITS: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        b = pid // H_KV
+        kvh = pid % H_KV
+        split = tl.program_id(2)
+        rows = G * T
+        offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # query row m = t * G + g
+        offs_d = tl.arange(0, D)
+        m_valid = offs_m < rows
+        tok = offs_m // G
+        head = kvh * G + offs_m % G
+        q = tl.load(Q + b * s_qb + tok[:, None] * s_qt + head[:, None] * s_qh + offs_d[None, :],
+                    mask=m_valid[:, None], other=0.0)
+        ctx = tl.load(CTX + b)
+        own = tl.load(OWN + b)
+        total = ctx + T  # virtual keys: the context rows, then the own tokens
+        chunk = tl.cdiv(tl.cdiv(total, SPLITS), BLOCK_N) * BLOCK_N
+        start = split * chunk
+        end = tl.minimum(start + chunk, total)
+        k_base = K + b * s_kb + kvh * s_kh
+        v_base = V + b * s_vb + kvh * s_vh
+        m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            n_valid = offs_n < end
+            in_ctx = offs_n < ctx
+            j = offs_n - ctx  # own-token index of a non-context key
+            row = tl.where(in_ctx, offs_n, own + j)
+            k = tl.load(k_base + row[None, :] * s_ks + offs_d[:, None], mask=n_valid[None, :], other=0.0)
+            s = tl.dot(q, k, input_precision=PRECISION) * sm_scale  # [BLOCK_M, BLOCK_N] fp32
+            own_ok = n_valid & (~in_ctx)
+            seen = tl.load(MASK + b * s_mb + tok[:, None] * s_mi + j[None, :],
+                           mask=m_valid[:, None] & own_ok[None, :], other=0)
+            visible = (n_valid & in_ctx)[None, :] | (seen != 0)
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at zero
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_base + row[:, None] * s_vs + offs_d[None, :], mask=n_valid[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
+        has = l_i > 0
+        o = acc / tl.where(has, l_i, 1.0)[:, None]
+        if DIRECT:
+            out_ptr = OUT + ((b * T + tok[:, None]) * (H_KV * G) + head[:, None]) * D + offs_d[None, :]
+            tl.store(out_ptr, o.to(OUT.dtype.element_ty), mask=m_valid[:, None])
+        else:
+            lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+            base = (pid * SPLITS + split) * rows
+            tl.store(PART + (base + offs_m[:, None]) * D + offs_d[None, :], o, mask=m_valid[:, None])
+            tl.store(LSE + base + offs_m, lse, mask=m_valid)
+
+    @triton.jit
+    def _merge_splits(PART, LSE, OUT, T, H_KV, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                      SPLITS: tl.constexpr):
+        pid = tl.program_id(0)
+        b = pid // H_KV
+        kvh = pid % H_KV
+        rows = G * T
+        offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, D)
+        m_valid = offs_m < rows
+        m_run = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        w_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        for split in range(SPLITS):
+            base = (pid * SPLITS + split) * rows
+            lse = tl.load(LSE + base + offs_m, mask=m_valid, other=float("-inf"))
+            m_new = tl.maximum(m_run, lse)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_run - m_safe)
+            w = tl.exp(lse - m_safe)
+            part = tl.load(PART + (base + offs_m[:, None]) * D + offs_d[None, :], mask=m_valid[:, None], other=0.0)
+            acc = acc * alpha[:, None] + w[:, None] * part
+            w_sum = w_sum * alpha + w
+            m_run = m_new
+        o = acc / tl.where(w_sum > 0, w_sum, 1.0)[:, None]
+        tok = offs_m // G
+        head = kvh * G + offs_m % G
+        out_ptr = OUT + ((b * T + tok[:, None]) * (H_KV * G) + head[:, None]) * D + offs_d[None, :]
+        tl.store(out_ptr, o.to(OUT.dtype.element_ty), mask=m_valid[:, None])

@@ -1,0 +1,135 @@
+"""The Triton tree-attention kernel == the torch reference (SDPA under the dense visibility mask).
+
+Runs on CUDA, or on the CPU under TRITON_INTERPRET=1 (float32, small shapes); else skips. The reference
+itself (`Visibility.dense`) is checked against a per-element definition on the CPU everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from ddtree.core.attention import ancestor_mask
+from ddtree.engine import triton_attention
+from ddtree.engine.fast_model import Visibility, attention_bias, grouped_attention
+
+ON_CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
+needs_kernel = pytest.mark.skipif(
+    not triton_attention.HAS_TRITON or not (ON_CUDA or INTERPRET), reason="needs triton and CUDA, or TRITON_INTERPRET=1"
+)
+DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
+
+
+def _random_tree_parents(b: int, n: int, gen: torch.Generator) -> torch.Tensor:
+    """[B, N] parents: node 0 the root, node j's parent a random earlier node; the last columns padding (-1)."""
+    parents = torch.full((b, n), -1, dtype=torch.int64)
+    for row in range(b):
+        used = int(torch.randint(1, n + 1, (1,), generator=gen))
+        for j in range(1, used):
+            parents[row, j] = int(torch.randint(0, j, (1,), generator=gen))
+    return parents
+
+
+def test_dense_visibility_matches_its_definition():
+    gen = torch.Generator().manual_seed(0)
+    b, t, s = 3, 5, 20
+    own_mask = torch.rand((b, t, t), generator=gen) < 0.5
+    own_mask |= torch.eye(t, dtype=torch.bool)
+    vis = Visibility(context_len=torch.tensor([0, 4, 9]), own_start=torch.tensor([0, 4, 12]), own_mask=own_mask)
+    dense = vis.dense(s)
+    for row in range(b):
+        for i in range(t):
+            for col in range(s):
+                j = col - int(vis.own_start[row])
+                want = col < int(vis.context_len[row]) or (0 <= j < t and bool(own_mask[row, i, j]))
+                assert bool(dense[row, i, col]) == want
+    assert vis.rows().tolist() == [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8], [12, 13, 14, 15, 16]]
+
+
+def _reference(q, keys, values, vis):
+    groups = q.shape[2] // keys.shape[1]
+    bias = attention_bias(vis.dense(keys.shape[2]), groups, q.dtype)
+    return grouped_attention(q, keys, values, bias)
+
+
+CASES = [
+    # (batch, own tokens, heads, kv heads, head dim, capacity, kind)
+    (1, 1, 4, 2, 16, 40, "decode"),
+    (3, 1, 8, 2, 32, 96, "decode"),
+    (2, 7, 4, 1, 16, 64, "tree"),
+    (2, 17, 4, 2, 32, 80, "tree"),
+    (1, 23, 2, 2, 16, 48, "prefill"),
+    (2, 8, 4, 2, 16, 72, "block"),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("b,t,h,kv,d,capacity,kind", CASES)
+def test_kernel_equals_reference(b, t, h, kv, d, capacity, kind, splits, monkeypatch):
+    if splits is not None:  # force the one-program path and an uneven multi-split path on every case
+        chosen = triton_attention.launch_shape
+
+        def forced(*args):
+            block_m, block_n, _ = chosen(*args)
+            return block_m, block_n, splits
+
+        monkeypatch.setattr(triton_attention, "launch_shape", forced)
+    gen = torch.Generator().manual_seed(b * 1000 + t)
+    dtype = torch.float32
+    keys = torch.randn((b, kv, capacity, d), generator=gen).to(DEVICE, dtype)
+    values = torch.randn((b, kv, capacity, d), generator=gen).to(DEVICE, dtype)
+    # q as the engine passes it: a per-head view of a wider q/k/v projection (strided rows)
+    qkv = torch.randn((b, t, (h + 2 * kv) * d), generator=gen).to(DEVICE, dtype)
+    q = qkv[..., : h * d].view(b, t, h, d)
+    if kind == "prefill":
+        context = torch.zeros(b, dtype=torch.int64)
+        own_start = context.clone()
+        own_mask = torch.ones((b, t, t), dtype=torch.bool).tril_()
+    elif kind == "block":  # the drafter: context prefix, own rows at the end of the slot, all-ones
+        context = torch.randint(1, capacity - t, (b,), generator=gen)
+        own_start = torch.full((b,), capacity - t, dtype=torch.int64)
+        own_mask = torch.ones((b, t, t), dtype=torch.bool)
+    else:  # decode / tree verify: own rows right after the context, ancestor-only
+        context = torch.randint(0, capacity - t + 1, (b,), generator=gen)
+        own_start = context.clone()
+        own_mask = ancestor_mask(_random_tree_parents(b, t, gen))
+    vis = Visibility(context_len=context.to(DEVICE), own_start=own_start.to(DEVICE), own_mask=own_mask.to(DEVICE))
+    got = triton_attention.tree_attention(q, keys, values, vis.context_len, vis.own_start, vis.own_mask)
+    want = _reference(q, keys, values, vis)
+    assert got.shape == want.shape == (b, t, h * d)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+@needs_kernel
+def test_kernel_ignores_rows_it_must_not_see():
+    """Garbage (NaN) in rows beyond the context and in masked own rows never reaches the output."""
+    b, t, h, kv, d, capacity = 2, 4, 4, 2, 16, 64
+    gen = torch.Generator().manual_seed(7)
+    keys = torch.full((b, kv, capacity, d), float("nan"))
+    values = torch.full((b, kv, capacity, d), float("nan"))
+    context = torch.tensor([10, 30])
+    for row in range(b):
+        used = int(context[row]) + t
+        keys[row, :, :used] = torch.randn((kv, used, d), generator=gen)
+        values[row, :, :used] = torch.randn((kv, used, d), generator=gen)
+    q = torch.randn((b, t, h, d), generator=gen)
+    own_mask = torch.eye(t, dtype=torch.bool).expand(b, t, t).clone()
+    to = lambda x: x.to(DEVICE)  # noqa: E731
+    got = triton_attention.tree_attention(to(q), to(keys), to(values), to(context), to(context), to(own_mask))
+    assert torch.isfinite(got).all()
+    keys0, values0 = torch.nan_to_num(keys), torch.nan_to_num(values)
+    vis = Visibility(context_len=to(context), own_start=to(context), own_mask=to(own_mask))
+    torch.testing.assert_close(got, _reference(to(q), to(keys0), to(values0), vis), atol=2e-4, rtol=2e-4)
+
+
+def test_launch_shape_fills_the_grid_and_is_bounded():
+    if not triton_attention.HAS_TRITON:
+        pytest.skip("needs triton")
+    block_m, block_n, splits = triton_attention.launch_shape(1, 8, 4, 4096, torch.device("cpu"))
+    assert block_m == 16 and splits == 1  # 4 "SMs" off CUDA: 8 tiles already fill them
+    assert triton_attention.launch_shape(1, 1, 4, 4096, torch.device("cpu"))[2] == 8
+    assert triton_attention.launch_shape(1, 1, 4, 64, torch.device("cpu"))[2] == 2  # no more splits than key tiles
