@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="the preset scaled down to seconds")
     ap.add_argument("--device", default=None, help="default: cuda, or cpu with --smoke")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--eval-prompts", type=int, default=32)
+    ap.add_argument("--eval-prompts", type=int, default=32,
+                    help="held-out prompts of the teacher-forced evaluation; 0 = train only")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--budgets", default="16,32,64,128")
     ap.add_argument("--eval-deadline-s", type=float, default=375.0,
@@ -133,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
                                                             "rollout_s", "pool_features_s")},
                  total_s=tr["total_s"])
 
+    if eval_prompts == 0:  # trained only: the engine benchmark measures the pair (tau and speed) next
+        (out / "table.txt").write_text(table(manifest) + "\n")
+        print(table(manifest))
+        status.stage("done", wall_s=round(time.perf_counter() - t0, 1))
+        return 0
     dev = torch.device(device)
     pair = load_pair(pair_dir, device=dev, dtype=default_dtype(dev))
     prompts = list(iter_jsonl(pair_dir / "prompts" / "heldout.jsonl"))

@@ -133,3 +133,37 @@ def test_launch_shape_fills_the_grid_and_is_bounded():
     assert block_m == 16 and splits == 1  # 4 "SMs" off CUDA: 8 tiles already fill them
     assert triton_attention.launch_shape(1, 1, 4, 4096, torch.device("cpu"))[2] == 8
     assert triton_attention.launch_shape(1, 1, 4, 64, torch.device("cpu"))[2] == 2  # no more splits than key tiles
+
+
+@needs_kernel
+@pytest.mark.parametrize("qk_norm,with_q", [(True, True), (False, True), (True, False)])
+def test_qkv_epilogue_equals_the_reference_projection(qk_norm, with_q):
+    """The fused norm + RoPE + cache write == the reference backend's `Attention.project` (float32)."""
+    from ddtree.engine.fast_model import Attention, Pointwise
+
+    b, t, h, kv, d, capacity = 2, 5, 4, 2, 32, 40
+    gen = torch.Generator().manual_seed(11)
+    ops = Pointwise.for_device(DEVICE, compiled=False)
+    hq = h if with_q else 0
+    qkv = torch.randn((b, t, (hq + 2 * kv) * d), generator=gen).to(DEVICE)
+    positions = torch.tensor([[3, 4, 5, 6, 7], [900, 901, 901, 902, 903]]).to(DEVICE)  # tree depths repeat
+    own_start = torch.tensor([3, 900]).to(DEVICE) % capacity
+    vis = Visibility(context_len=own_start, own_start=own_start,
+                     own_mask=torch.ones((b, t, t), dtype=torch.bool, device=DEVICE))
+    q_norm = (1 + 0.1 * torch.randn(d, generator=gen)).to(DEVICE) if qk_norm else None
+    k_norm = (1 + 0.1 * torch.randn(d, generator=gen)).to(DEVICE) if qk_norm else None
+    results = []
+    for backend in ("sdpa", "triton"):
+        attn = Attention(backend, h, kv, d, 1e6, 1e-6, ops, DEVICE)
+        keys = torch.zeros((b, kv, capacity, d), device=DEVICE)
+        values = torch.zeros_like(keys)
+        inputs = attn.prepare(vis, positions, capacity, torch.float32)
+        q = attn.project(qkv, inputs, q_norm, k_norm, keys, values, with_q=with_q)
+        results.append((q, keys, values))
+    (q0, k0, v0), (q1, k1, v1) = results
+    assert (q0 is None) == (q1 is None) == (not with_q)
+    if with_q:
+        torch.testing.assert_close(q1, q0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k1, k0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(v1, v0, atol=0, rtol=0)
+    assert k1.abs().sum() > 0  # something was written

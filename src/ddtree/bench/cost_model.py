@@ -50,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tau", default="", help="cost model: comma-separated published tau values (bonus "
                         "included) to turn round costs into expected speedups over ar")
     parser.add_argument("--no-graphs", action="store_true", help="cost model: eager rounds (no CUDA graphs)")
+    parser.add_argument("--attention", default="auto",
+                        help="cost model: comma-separated attention backends to compare in this run (auto, sdpa, "
+                        "triton); each gets its own engine over the same weights")
+    parser.add_argument("--profile-kernels", type=int, default=0, metavar="N",
+                        help="cost model: also list each cell's N most expensive GPU kernels per round (torch.profiler)")
 
 
 def target_floor_ms(target: FusedDecoder, rows: int, logit_rows: int, *, repeats: int = 20) -> float:
@@ -146,14 +151,40 @@ def run_cost_model(args: argparse.Namespace, methods: list[str], budgets: list[i
     drafter = random_drafter_for(shape, layers=dcfg["layers"], block_size=block,
                                  target_layer_ids=dcfg["target_layer_ids"], mask_token_id=shape.vocab_size - 1,
                                  device=device, dtype=dtype)
-    engine = BatchedEngine(None, method="ddtree", budget=budgets[0], target=target, drafter=drafter,
-                           max_batch=max(batches), max_seq_len=max_seq, cuda_graphs=not args.no_graphs)
-    print(f"built {args.random_weights} (random weights) in {time.perf_counter() - t0:.1f}s; "
-          f"max_seq_len {engine.max_seq_len}, buckets {engine.buckets}", flush=True)
+    print(f"built {args.random_weights} (random weights) in {time.perf_counter() - t0:.1f}s", flush=True)
     configs = [("ar", 0)] if "ar" in methods else []
     configs += [("dflash", block - 1)] if "dflash" in methods else []
     configs += [("ddtree", b) for b in budgets] if "ddtree" in methods else []
     bandwidth = copy_bandwidth_tb_s(device)
+    rows: list[dict[str, Any]] = []
+    for backend in [x.strip() for x in args.attention.split(",") if x.strip()]:
+        target.use_attention(backend)
+        engine = BatchedEngine(None, method="ddtree", budget=budgets[0], target=target, drafter=drafter,
+                               max_batch=max(batches), max_seq_len=max_seq, cuda_graphs=not args.no_graphs,
+                               attention=backend)
+        print(f"attention {target.attention.backend}: max_seq_len {engine.max_seq_len}, buckets {engine.buckets}",
+              flush=True)
+        rows += _measure(engine, target, drafter, args, shape, configs, batches, block, new_tokens)
+        del engine
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    ar_ms = {(r["attention"], r["batch"]): r["round_ms"] for r in rows if r["method"] == "ar"}
+    print()
+    print(_format_table(rows, ar_ms, taus))
+    if bandwidth is not None:
+        print(f"device copy bandwidth {bandwidth:.2f} TB/s; {torch.cuda.get_device_name(device)}")
+    if args.json_out:
+        payload = {"shape": asdict(shape), "drafter": dcfg, "device": str(device), "dtype": str(dtype),
+                   "bandwidth_tb_s": bandwidth, "torch": torch.__version__, "rows": rows, "taus": taus,
+                   "prompt_tokens": args.prompt_tokens, "graphs": not args.no_graphs}
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(payload, indent=1) + "\n")
+    return 0
+
+
+def _measure(engine, target: FusedDecoder, drafter, args: argparse.Namespace, shape: DecoderShape,
+             configs: list[tuple[str, int]], batches: list[int], block: int, new_tokens: int) -> list[dict[str, Any]]:
+    """Every (batch, method, budget) cell on one engine: median round ms, per-stage ms, the floor."""
     gen = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = []
     for batch in batches:
@@ -183,48 +214,61 @@ def run_cost_model(args: argparse.Namespace, methods: list[str], budgets: list[i
                 for s in STAGES:
                     stage_ms[s] += 1e3 * (engine._active[0].stage_times[s] - before[s]) / probe_rounds
             engine.profile_stages = False
+            kernels = _top_kernels(engine, args.profile_kernels) if args.profile_kernels else []
             engine.cancel_all(RuntimeError("benchmark cell done"))
             columns = budget + 1
             verify_floor = target_floor_ms(target, batch * columns, batch * columns)
             draft_floor = 0.0 if method == "ar" else drafter_floor_ms(drafter, target.lm_head, batch * block,
                                                                        batch * (block - 1))
             floor = verify_floor + draft_floor
-            row = {"shape": args.random_weights, "batch": batch, "method": method, "budget": budget,
+            row = {"shape": args.random_weights, "attention": target.attention.backend, "batch": batch,
+                   "method": method, "budget": budget,
                    "round_ms": statistics.median(times), "round_ms_p90": sorted(times)[int(0.9 * len(times))],
                    "floor_ms": floor, "verify_floor_ms": verify_floor, "draft_floor_ms": draft_floor,
                    "stage_ms": stage_ms, "capture_s": capture_s}
             row["over_floor"] = row["round_ms"] / floor
             row["host_share"] = 1 - sum(stage_ms.values()) / row["round_ms"] if row["round_ms"] else math.nan
+            row["kernels"] = kernels
             rows.append(row)
             print(_format_row(row), flush=True)
-    ar_ms = {r["batch"]: r["round_ms"] for r in rows if r["method"] == "ar"}
-    print()
-    print(_format_table(rows, ar_ms, taus))
-    if bandwidth is not None:
-        print(f"device copy bandwidth {bandwidth:.2f} TB/s; {torch.cuda.get_device_name(device)}")
-    if args.json_out:
-        payload = {"shape": asdict(shape), "drafter": dcfg, "device": str(device), "dtype": str(dtype),
-                   "bandwidth_tb_s": bandwidth, "torch": torch.__version__, "rows": rows, "taus": taus,
-                   "prompt_tokens": args.prompt_tokens, "graphs": not args.no_graphs}
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(payload, indent=1) + "\n")
-    return 0
+            for k in kernels:
+                print(f"      {k['us_per_round']:9.1f} us/round  {k['calls_per_round']:6.1f} calls  {k['name'][:90]}")
+    return rows
+
+
+def _top_kernels(engine, top: int, rounds: int = 5) -> list[dict[str, Any]]:
+    """The `top` GPU kernels by device time over `rounds` rounds (per round), from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA] if engine.device.type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        for _ in range(rounds):
+            engine.step()
+    events = []
+    for e in prof.key_averages():
+        us = e.device_time_total if engine.device.type == "cuda" else e.self_cpu_time_total
+        if us > 0:
+            events.append({"name": e.key, "us_per_round": us / rounds, "calls_per_round": e.count / rounds})
+    events.sort(key=lambda e: -e["us_per_round"])
+    total = sum(e["us_per_round"] for e in events)
+    calls = sum(e["calls_per_round"] for e in events)
+    return [{"name": f"(all {len(events)} kernels)", "us_per_round": total, "calls_per_round": calls}] + events[:top]
 
 
 def _format_row(r: dict[str, Any]) -> str:
     stages = " ".join(f"{s}={r['stage_ms'][s]:.3f}" for s in STAGES)
-    return (f"B={r['batch']:<3} {r['method']:<6} budget={r['budget']:<4} round {r['round_ms']:.3f} ms "
+    return (f"{r['attention']:<6} B={r['batch']:<3} {r['method']:<6} budget={r['budget']:<4} round {r['round_ms']:.3f} ms "
             f"(p90 {r['round_ms_p90']:.3f}), floor {r['floor_ms']:.3f} ms, x{r['over_floor']:.2f} | {stages}")
 
 
 def _format_table(rows: list[dict[str, Any]], ar_ms: dict[int, float], taus: list[float]) -> str:
-    head = ["B", "method", "budget", "round_ms", "floor_ms", "x_floor"] + [f"{s}_ms" for s in STAGES] + \
+    head = ["attention", "B", "method", "budget", "round_ms", "floor_ms", "x_floor"] + [f"{s}_ms" for s in STAGES] + \
            [f"speedup@tau={t:g}" for t in taus]
     lines = []
     for r in rows:
-        line = [str(r["batch"]), r["method"], str(r["budget"]), f"{r['round_ms']:.3f}", f"{r['floor_ms']:.3f}",
+        line = [r["attention"], str(r["batch"]), r["method"], str(r["budget"]), f"{r['round_ms']:.3f}", f"{r['floor_ms']:.3f}",
                 f"{r['over_floor']:.2f}"] + [f"{r['stage_ms'][s]:.3f}" for s in STAGES]
-        ar = ar_ms.get(r["batch"])
+        ar = ar_ms.get((r["attention"], r["batch"]))
         for tau in taus:
             line.append("-" if ar is None or r["method"] == "ar" else f"{tau * ar / r['round_ms']:.2f}x")
         lines.append(line)

@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep warming up (all configurations in turn) for at least this long before timing; default 0 on "
         "CPU, 45 on CUDA (on the lent H200 the first ~30-60 s of a process ran about 6x slower)",
     )
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the whole timed pass this many times in this process and report how far the "
+                        "repeats' time per token differs (each repeat's table is printed)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--json-out", default=None, help="write the summary rows and per-request records here")
     parser.add_argument("--max-batch", type=int, default=1, help="engine batch capacity (this benchmark decodes one "
@@ -191,10 +194,52 @@ def run(args: argparse.Namespace) -> int:
                             method=method, budget=budget)
         first_pass = False
 
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    passes = []
+    for repeat in range(args.repeats):
+        rows, records, wall = _timed_pass(engine, prompts, token_ids, configs, temperatures, args, tqdm, repeat)
+        print(format_table(rows))
+        print(f"pass {repeat + 1}/{args.repeats}: {len(token_ids)} prompts x {args.max_new_tokens} new tokens, "
+              f"device {device}, dtype {str(dtype).replace('torch.', '')}, threads {torch.get_num_threads()}, "
+              f"wall {wall:.1f}s", flush=True)
+        passes.append({"rows": rows, "records": records, "wall_s": wall})
+    spread = repeat_spread([p["rows"] for p in passes])
+    if args.repeats > 1:
+        worst = max(spread.values(), default=0.0)
+        print(f"repeats agree within {100 * worst:.1f}% (largest (max - min) / min of time per token over "
+              f"{args.repeats} passes, per configuration)")
+    rows, records, wall = passes[0]["rows"], passes[0]["records"], passes[0]["wall_s"]
+    if args.json_out:
+        payload = {
+            "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+            "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "wall_s": wall, "rows": rows, "records": records,
+            "repeat_rows": [p["rows"] for p in passes], "repeat_spread": {str(k): v for k, v in spread.items()},
+        }
+        if device.type == "cuda":
+            payload["gpu"] = torch.cuda.get_device_name(device)
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    return 0
+
+
+def repeat_spread(passes: list[list[dict[str, Any]]]) -> dict[tuple, float]:
+    """(method, budget, T) -> (max - min) / min of the time per token over the passes."""
+    by_key: dict[tuple, list[float]] = {}
+    for rows in passes:
+        for r in rows:
+            by_key.setdefault((r["method"], r["budget"], r["temperature"]), []).append(r["tpot_ms"])
+    return {k: (max(v) - min(v)) / min(v) for k, v in by_key.items() if len(v) > 1 and min(v) > 0}
+
+
+def _timed_pass(engine, prompts, token_ids, configs, temperatures, args, tqdm, repeat: int):
+    """Every prompt with every configuration at every temperature: summary rows, per-request records, wall s."""
     results: dict[tuple[float, str, int | None], list[GenerationOutput]] = {}
     records: list[dict[str, Any]] = []
     total = len(temperatures) * len(token_ids) * len(configs)
-    bar = tqdm(total=total, desc="bench engine", disable=args.no_progress)
+    bar = tqdm(total=total, desc=f"bench engine pass {repeat + 1}", disable=args.no_progress)
     t_start = time.perf_counter()
     for temperature in temperatures:
         for index, ids in enumerate(token_ids):
@@ -225,18 +270,4 @@ def run(args: argparse.Namespace) -> int:
                    **summarize(outputs, ar if (temperature == 0 and ar is not None) else None)}
             row["speedup"] = (summarize(ar, None)["tpot_ms"] / row["tpot_ms"]) if ar else math.nan
             rows.append(row)
-    print(format_table(rows))
-    print(f"{len(token_ids)} prompts x {args.max_new_tokens} new tokens, device {device}, dtype "
-          f"{str(dtype).replace('torch.', '')}, threads {torch.get_num_threads()}, wall {wall:.1f}s")
-    if args.json_out:
-        payload = {
-            "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-            "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-            "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "wall_s": wall, "rows": rows, "records": records,
-        }
-        if device.type == "cuda":
-            payload["gpu"] = torch.cuda.get_device_name(device)
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(payload, indent=1, default=str) + "\n")
-    return 0
+    return rows, records, wall

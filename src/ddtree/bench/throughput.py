@@ -99,6 +99,7 @@ async def run_throughput_async(
     variant: Any = None,
     tags: Mapping[str, Any] | None = None,
     out: str | Path,
+    budget: int | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the sweep; the summary of a level covers this run's requests when there are
     any (a resumed level's earlier records have their own wall-clock span), else the stored ones."""
@@ -128,6 +129,8 @@ async def run_throughput_async(
                     prompt = prompts[i % len(prompts)]
                     seed = derive_seed("throughput", i) if float(variant["temperature"]) > 0 else None
                     payload = {"text": prompt.text, "sampling_params": sampling_params(variant, max_new_tokens, seed)}
+                    if budget is not None:  # the server's per-request override (bounded by its --max-budget)
+                        payload["budget"] = budget
                     record = make_record(tags, level, i, prompt.id, await post_generate(client, url, payload))
                     writer.write(record)
                     new.append(record)
@@ -169,6 +172,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON object (inline or a file) {name, temperature, top_k, top_p}")
     parser.add_argument("--tags", default="{}", help="JSON object (inline or a file) copied into every record")
     parser.add_argument("--out", required=True, help="JSON-lines output (appended; reruns resume)")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="ddtree budget sent with every request (default: the server's --budget)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         result = run_throughput(
             args.url, args.prompts, concurrency=args.concurrency, num_requests=args.num_requests,
             max_new_tokens=args.max_new_tokens, variant=parse_json_arg(args.variant, "variant"),
-            tags=parse_json_arg(args.tags, "tags"), out=args.out,
+            tags=parse_json_arg(args.tags, "tags"), out=args.out, budget=args.budget,
         )
     except ValueError as exc:
         raise SystemExit(f"ddtree bench throughput: {exc}") from None

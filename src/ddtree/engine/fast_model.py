@@ -96,9 +96,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
+def rope_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """[d / 2] fp32 RoPE frequencies, computed as Hugging Face computes them."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+
+
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [B, T] -> cos, sin [B, T, 1, d] (halves layout, computed in fp32 like HF)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    inv_freq = rope_inv_freq(head_dim, theta, positions.device)
     freqs = positions.float().unsqueeze(-1) * inv_freq  # [B, T, d/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [B, T, d]
     return emb.cos().to(dtype).unsqueeze(2), emb.sin().to(dtype).unsqueeze(2)
@@ -152,22 +157,63 @@ def resolve_attention(name: str, device: torch.device) -> str:
     return name
 
 
+@dataclass
+class AttentionInputs:
+    """Per-forward pieces shared by every layer: the reference's bias and RoPE tables (None under triton,
+    whose kernels take the visibility and the positions directly)."""
+
+    vis: Visibility
+    positions: torch.Tensor  # [B, T]
+    rows: torch.Tensor  # [B, T] cache row of each own token
+    bias: torch.Tensor | None = None  # [B, 1, g*T, S]
+    cos: torch.Tensor | None = None  # [B, T, 1, d]
+    sin: torch.Tensor | None = None
+
+
 class Attention:
-    """The attention of one model, backend fixed at construction. `prepare` runs once per forward (the
-    reference's bias), `__call__` once per layer."""
+    """The attention of one model, backend fixed at construction: `prepare` once per forward, then per layer
+    `project` (q/k norm, RoPE, K/V into the cache; returns q) and `__call__` (attention over the slot)."""
 
-    def __init__(self, backend: str, groups: int) -> None:
-        self.backend, self.groups = backend, groups
+    def __init__(self, backend: str, num_heads: int, num_kv_heads: int, head_dim: int, theta: float, eps: float,
+                 ops: "Pointwise", device: torch.device) -> None:
+        self.backend, self.ops, self.eps = backend, ops, eps
+        self.num_heads, self.num_kv_heads, self.head_dim, self.theta = num_heads, num_kv_heads, head_dim, theta
+        self.inv_freq = rope_inv_freq(head_dim, theta, device)
 
-    def prepare(self, vis: Visibility, capacity: int, dtype: torch.dtype) -> torch.Tensor | None:
-        return attention_bias(vis.dense(capacity), self.groups, dtype) if self.backend == "sdpa" else None
-
-    def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, vis: Visibility,
-                 bias: torch.Tensor | None) -> torch.Tensor:
+    def prepare(self, vis: Visibility, positions: torch.Tensor, capacity: int, dtype: torch.dtype) -> AttentionInputs:
+        inputs = AttentionInputs(vis=vis, positions=positions, rows=vis.rows())
         if self.backend == "sdpa":
-            return grouped_attention(q, keys, values, bias)
+            inputs.bias = attention_bias(vis.dense(capacity), self.num_heads // self.num_kv_heads, dtype)
+            inputs.cos, inputs.sin = rope_tables(positions, self.head_dim, self.theta, dtype)
+        return inputs
+
+    def project(self, qkv: torch.Tensor, inputs: AttentionInputs, q_norm: torch.Tensor | None,
+                k_norm: torch.Tensor | None, keys: torch.Tensor, values: torch.Tensor, *,
+                with_q: bool = True) -> torch.Tensor | None:
+        """qkv [B, T, (h + 2 h_kv) d] (or [B, T, 2 h_kv d] with with_q=False) -> q [B, T, h, d]; K/V written."""
+        hq = self.num_heads if with_q else 0
+        kv, d = self.num_kv_heads, self.head_dim
+        if self.backend == "triton":
+            from ddtree.engine.triton_attention import qkv_epilogue
+
+            return qkv_epilogue(qkv, hq, kv, d, inputs.positions, q_norm, k_norm, inputs.rows, keys, values,
+                                self.eps, self.inv_freq)
+        b, t, _ = qkv.shape
+        q, k, v = qkv.split((hq * d, kv * d, kv * d), dim=-1)
+        k = self.ops.norm_rope(k.view(b, t, kv, d), k_norm, inputs.cos, inputs.sin, self.eps)
+        write_rows(keys, inputs.rows, k)
+        write_rows(values, inputs.rows, v.view(b, t, kv, d))
+        if not with_q:
+            return None
+        return self.ops.norm_rope(q.view(b, t, hq, d), q_norm, inputs.cos, inputs.sin, self.eps)
+
+    def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                 inputs: AttentionInputs) -> torch.Tensor:
+        if self.backend == "sdpa":
+            return grouped_attention(q, keys, values, inputs.bias)
         from ddtree.engine.triton_attention import tree_attention
 
+        vis = inputs.vis
         return tree_attention(q, keys, values, vis.context_len, vis.own_start, vis.own_mask)
 
 
@@ -301,7 +347,13 @@ class FusedDecoder:
         self.device = embed.device
         self.dtype = embed.dtype
         self.ops = Pointwise.for_device(self.device)
-        self.attention = Attention(resolve_attention(attention, self.device), shape.groups)
+        self.use_attention(attention)
+
+    def use_attention(self, backend: str) -> None:
+        """Pick the attention backend (construction, or a benchmark comparing backends on the same weights)."""
+        s = self.shape
+        self.attention = Attention(resolve_attention(backend, self.device), s.num_heads, s.num_kv_heads,
+                                   s.head_dim, s.rope_theta, s.rms_norm_eps, self.ops, self.device)
 
     # construction -------------------------------------------------------------------------------------
     @classmethod
@@ -374,23 +426,17 @@ class FusedDecoder:
         """Logits [B, T, V] (or [B, 1, V] for the last token) and drafter features [B, T, k*H] (or None)."""
         s, ops = self.shape, self.ops
         b, t = tokens.shape
-        h, kv, hd = s.num_heads, s.num_kv_heads, s.head_dim
         x = F.embedding(tokens, self.embed)  # [B, T, H]
-        cos, sin = rope_tables(positions, hd, s.rope_theta, x.dtype)
-        rows = vis.rows()  # [B, T]
-        bias = self.attention.prepare(vis, cache.capacity, x.dtype)
+        attn = self.attention
+        inputs = attn.prepare(vis, positions, cache.capacity, x.dtype)
         slots = slice(first_slot, first_slot + b)
         features: dict[int, torch.Tensor] = {}
         y = ops.norm(x, self.layers[0]["ln1"], s.rms_norm_eps)
         for i, w in enumerate(self.layers):
             qkv = F.linear(y, w["qkv"], w.get("qkv_bias"))  # [B, T, (h + 2 h_kv) d]
-            q, k, v = qkv.split((h * hd, kv * hd, kv * hd), dim=-1)
-            q = ops.norm_rope(q.view(b, t, h, hd), w.get("q_norm"), cos, sin, s.rms_norm_eps)
-            k = ops.norm_rope(k.view(b, t, kv, hd), w.get("k_norm"), cos, sin, s.rms_norm_eps)
             keys, values = cache.keys[i, slots], cache.values[i, slots]  # [B, h_kv, S, d] views
-            write_rows(keys, rows, k)
-            write_rows(values, rows, v.view(b, t, kv, hd))
-            x, y = ops.add_norm(x, F.linear(self.attention(q, keys, values, vis, bias), w["o"]), w["ln2"], s.rms_norm_eps)
+            q = attn.project(qkv, inputs, w.get("q_norm"), w.get("k_norm"), keys, values)  # [B, T, h, d]
+            x, y = ops.add_norm(x, F.linear(attn(q, keys, values, inputs), w["o"]), w["ln2"], s.rms_norm_eps)
             delta = F.linear(ops.silu_mul(F.linear(y, w["gate_up"])), w["down"])
             following = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.final_norm
             x, y = ops.add_norm(x, delta, following, s.rms_norm_eps)
@@ -434,8 +480,9 @@ class StaticDrafter:
         self.num_kv_heads = int(cfg.num_key_value_heads)
         self.num_heads = int(cfg.num_attention_heads)
         self.ops = Pointwise.for_device(drafter.fc.weight.device)
-        self.attention = Attention(resolve_attention(attention, drafter.fc.weight.device),
-                                   self.num_heads // self.num_kv_heads)
+        self.attention = Attention(resolve_attention(attention, drafter.fc.weight.device), self.num_heads,
+                                   self.num_kv_heads, self.head_dim, self.theta, self.eps, self.ops,
+                                   drafter.fc.weight.device)
         self.layers = []
         with torch.no_grad():
             for layer in drafter.layers:
@@ -463,14 +510,17 @@ class StaticDrafter:
                       first_slot: int = 0) -> None:
         """Context features [B, T, H] at positions [B, T] (also their cache rows) -> every layer's K/V."""
         b, t, _ = context.shape
-        kv, hd = self.num_kv_heads, self.head_dim
-        cos, sin = rope_tables(positions, hd, self.theta, context.dtype)
+        zero = torch.zeros(b, dtype=torch.int64, device=context.device)
+        # rows = positions: an own-token visibility starting at row positions[:, 0] (consecutive positions)
+        vis = Visibility(context_len=zero, own_start=positions[:, 0].contiguous(),
+                         own_mask=torch.ones((b, t, t), dtype=torch.bool, device=context.device))
+        inputs = AttentionInputs(vis=vis, positions=positions, rows=positions)
+        if self.attention.backend == "sdpa":
+            inputs.cos, inputs.sin = rope_tables(positions, self.head_dim, self.theta, context.dtype)
         slots = slice(first_slot, first_slot + b)
         for i, w in enumerate(self.layers):
-            k, v = F.linear(context, w["kv"]).split((kv * hd, kv * hd), dim=-1)
-            k = self.ops.norm_rope(k.view(b, t, kv, hd), w["k_norm"], cos, sin, self.eps)
-            write_rows(cache.keys[i, slots], positions, k)
-            write_rows(cache.values[i, slots], positions, v.view(b, t, kv, hd))
+            self.attention.project(F.linear(context, w["kv"]), inputs, None, w["k_norm"], cache.keys[i, slots],
+                                   cache.values[i, slots], with_q=False)
 
     def forward_block(self, block_embeds: torch.Tensor, block_positions: torch.Tensor, context_len: torch.Tensor,
                       cache: SlotCache) -> torch.Tensor:
@@ -478,26 +528,19 @@ class StaticDrafter:
 
         block_embeds [B, b, H]; block_positions [B, b]; context_len [B] (the block sees context rows
         [0, context_len)). Returns final-normed hidden states [B, b, H]."""
-        ops, eps = self.ops, self.eps
+        ops, eps, attn = self.ops, self.eps, self.attention
         b, length, _ = block_embeds.shape
-        h, kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         capacity = cache.capacity - self.block_size
         x = block_embeds.to(self.module.fc.weight.dtype)
-        cos, sin = rope_tables(block_positions, hd, self.theta, x.dtype)
         vis = Visibility(context_len=context_len,
                          own_start=torch.full((b,), capacity, dtype=torch.int64, device=x.device),
                          own_mask=torch.ones((b, length, length), dtype=torch.bool, device=x.device))
-        block_rows = vis.rows()  # [B, b]
-        bias = self.attention.prepare(vis, cache.capacity, x.dtype)
+        inputs = attn.prepare(vis, block_positions, cache.capacity, x.dtype)
         y = ops.norm(x, self.layers[0]["ln1"], eps)
         for i, w in enumerate(self.layers):
-            q, k, v = F.linear(y, w["qkv"]).split((h * hd, kv * hd, kv * hd), dim=-1)
-            q = ops.norm_rope(q.view(b, length, h, hd), w["q_norm"], cos, sin, eps)
-            k = ops.norm_rope(k.view(b, length, kv, hd), w["k_norm"], cos, sin, eps)
             keys, values = cache.keys[i, :b], cache.values[i, :b]
-            write_rows(keys, block_rows, k)
-            write_rows(values, block_rows, v.view(b, length, kv, hd))
-            x, y = ops.add_norm(x, F.linear(self.attention(q, keys, values, vis, bias), w["o"]), w["ln2"], eps)
+            q = attn.project(F.linear(y, w["qkv"]), inputs, w["q_norm"], w["k_norm"], keys, values)
+            x, y = ops.add_norm(x, F.linear(attn(q, keys, values, inputs), w["o"]), w["ln2"], eps)
             delta = F.linear(ops.silu_mul(F.linear(y, w["gate_up"])), w["down"])
             following = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.module.norm.weight
             x, y = ops.add_norm(x, delta, following, eps)

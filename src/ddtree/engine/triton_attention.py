@@ -185,3 +185,83 @@ if HAS_TRITON:
         head = kvh * G + offs_m % G
         out_ptr = OUT + ((b * T + tok[:, None]) * (H_KV * G) + head[:, None]) * D + offs_d[None, :]
         tl.store(out_ptr, o.to(OUT.dtype.element_ty), mask=m_valid[:, None])
+
+
+def qkv_epilogue(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, positions: torch.Tensor,
+                 q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, rows: torch.Tensor,
+                 keys: torch.Tensor, values: torch.Tensor, eps: float, inv_freq: torch.Tensor) -> torch.Tensor | None:
+    """Everything between the q/k/v projection and attention in one launch: per-head RMSNorm of q and k
+    (Qwen3; none when the weights are None), RoPE at `positions` (halves layout, cos/sin rounded to the
+    model dtype as Hugging Face does), k and v written to cache rows `rows`, q returned.
+
+    qkv [B, T, (q_heads + 2 kv_heads) d] (any strides, d contiguous); positions / rows [B, T] int64;
+    keys / values [B, h_kv, S, d] slot views; inv_freq [d / 2] fp32 (`rope_inv_freq`). Returns q [B, T, q_heads, d] (None when q_heads == 0: the
+    drafter's context write projects k and v only)."""
+    b, t, width = qkv.shape
+    d = head_dim
+    if width != (q_heads + 2 * kv_heads) * d or qkv.stride(-1) != 1:
+        raise ValueError(f"qkv_epilogue: qkv of width {width} (stride {qkv.stride(-1)}) does not hold "
+                         f"{q_heads} + 2 x {kv_heads} contiguous heads of {d}")
+    q = torch.empty((b, t, max(q_heads, 1), d), device=qkv.device, dtype=qkv.dtype)
+    has_norm = k_norm is not None
+    _qkv_epilogue[(b * t, q_heads + kv_heads)](
+        qkv, positions, inv_freq, q_norm if q_norm is not None else qkv, k_norm if has_norm else qkv, rows, keys, values, q,
+        qkv.stride(0), qkv.stride(1), positions.stride(0), rows.stride(0),
+        keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
+        t, q_heads, kv_heads, eps,
+        D=d, HAS_NORM=has_norm, num_warps=1,
+    )
+    return q if q_heads else None
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _norm_rope_row(x_ptr, w_ptr, pos, inv_freq_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr):
+        """One head row [D] -> RMSNorm (fp32, rounded, times the weight, rounded) -> RoPE, in fp32."""
+        half: tl.constexpr = D // 2
+        offs = tl.arange(0, half)
+        x1 = tl.load(x_ptr + offs)
+        x2 = tl.load(x_ptr + half + offs)
+        dtype = x1.dtype
+        a = x1.to(tl.float32)
+        c = x2.to(tl.float32)
+        if HAS_NORM:
+            r = tl.rsqrt((tl.sum(a * a, axis=0) + tl.sum(c * c, axis=0)) / D + eps)
+            a = ((a * r).to(dtype).to(tl.float32) * tl.load(w_ptr + offs).to(tl.float32)).to(dtype).to(tl.float32)
+            c = ((c * r).to(dtype).to(tl.float32) * tl.load(w_ptr + half + offs).to(tl.float32)).to(dtype).to(tl.float32)
+        angle = pos.to(tl.float32) * tl.load(inv_freq_ptr + offs)
+        cos = tl.cos(angle).to(dtype).to(tl.float32)
+        sin = tl.sin(angle).to(dtype).to(tl.float32)
+        return a * cos - c * sin, c * cos + a * sin
+
+    @triton.jit
+    def _qkv_epilogue(
+        QKV, POS, INV_FREQ, QN, KN, ROWS, K, V, QOUT,
+        s_xb, s_xt, s_pb, s_rb, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs,
+        T, HQ, HKV, eps,
+        D: tl.constexpr, HAS_NORM: tl.constexpr,
+    ):
+        token = tl.program_id(0)  # b * T + t
+        head = tl.program_id(1)  # q heads first, then kv heads
+        b = token // T
+        t = token % T
+        half: tl.constexpr = D // 2
+        offs = tl.arange(0, half)
+        pos = tl.load(POS + b * s_pb + t)
+        base = QKV + b * s_xb + t * s_xt
+        if head < HQ:
+            lo, hi = _norm_rope_row(base + head * D, QN, pos, INV_FREQ, eps, D, HAS_NORM)
+            out = QOUT + (token * HQ + head) * D
+            tl.store(out + offs, lo.to(QOUT.dtype.element_ty))
+            tl.store(out + half + offs, hi.to(QOUT.dtype.element_ty))
+        else:
+            kvh = head - HQ
+            row = tl.load(ROWS + b * s_rb + t)
+            lo, hi = _norm_rope_row(base + (HQ + kvh) * D, KN, pos, INV_FREQ, eps, D, HAS_NORM)
+            k_out = K + b * s_kb + kvh * s_kh + row * s_ks
+            tl.store(k_out + offs, lo.to(K.dtype.element_ty))
+            tl.store(k_out + half + offs, hi.to(K.dtype.element_ty))
+            full = tl.arange(0, D)
+            v = tl.load(base + (HQ + HKV + kvh) * D + full)
+            tl.store(V + b * s_vb + kvh * s_vh + row * s_vs + full, v)

@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-budget", type=int, default=None,
         help="largest per-request `budget` override accepted (default: --budget); larger ones get a 400",
     )
+    parser.add_argument("--warmup-budgets", default="",
+                        help="comma-separated ddtree budgets (<= --max-budget) whose CUDA graphs are also captured "
+                             "at start, so that per-request budget overrides never capture while serving")
     parser.add_argument("--max-batch", type=int, default=8,
                         help="requests decoded together (continuous batching; Qwen3/Qwen2/Llama-layout targets)")
     parser.add_argument("--max-seq-len", type=int, default=None,
@@ -49,6 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
+def warmup_budgets(args: argparse.Namespace) -> list[int]:
+    text = getattr(args, "warmup_budgets", None) or ""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"ddtree serve: --warmup-budgets must be comma-separated ints, got {text!r}") from None
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Refuse bad settings before anything heavy is loaded."""
     if args.method not in METHODS:
@@ -57,6 +68,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"ddtree serve: --budget must be >= 1, got {args.budget}")
     if args.max_budget is not None and args.max_budget < args.budget:
         raise SystemExit(f"ddtree serve: --max-budget ({args.max_budget}) must be >= --budget ({args.budget})")
+    budgets = warmup_budgets(args)
+    limit = args.max_budget if args.max_budget is not None else args.budget
+    if any(b < 1 or b > limit for b in budgets):
+        raise SystemExit(f"ddtree serve: --warmup-budgets must be in [1, {limit}] (--max-budget), got {budgets}")
     if args.dtype not in DTYPES:
         raise SystemExit(f"ddtree serve: unknown --dtype {args.dtype!r}; expected one of {', '.join(DTYPES)}")
     if args.max_batch < 1:
@@ -98,7 +113,9 @@ def build_app(args: argparse.Namespace) -> Any:
                          max_batch=args.max_batch, max_seq_len=args.max_seq_len, verifier=args.verifier,
                          tree_sampling=args.tree_sampling)
     if hasattr(engine, "warmup"):  # CUDA graphs of every batch bucket, captured before the first request
-        engine.warmup([(args.method, args.budget)] + ([("ar", 1)] if args.method != "ar" else []))
+        configs = [(args.method, args.budget)] + ([("ar", 1)] if args.method != "ar" else [])
+        configs += [("ddtree", b) for b in warmup_budgets(args) if ("ddtree", b) not in configs]
+        engine.warmup(configs)
     return create_app(
         engine,
         pair.tokenizer,
