@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from ddtree.engine.engine import DecodingEngine
-from ddtree.engine.types import GenerationRequest
+from ddtree.engine.types import DEFAULT_MAX_NEW_TOKENS, GenerationRequest
+from ddtree.jsonl import read_jsonl
 from ddtree.models.pair import load_pair
-from ddtree.models.train import iter_jsonl
 
 VARIANTS = [
     ("t0.3", 0.3, -1, 1.0), ("t0.6", 0.6, -1, 1.0), ("t1", 1.0, -1, 1.0), ("t0.7-p0.9", 0.7, -1, 0.9),
@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
@@ -45,7 +45,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     pair = load_pair(args.model, device=args.device, dtype=getattr(torch, args.dtype))
     prompts = [pair.tokenizer(r["text"]).input_ids
-               for r in list(iter_jsonl(Path(args.model) / "prompts" / "heldout.jsonl"))[: args.num_prompts]]
+               for r in read_jsonl(Path(args.model) / "prompts" / "heldout.jsonl")[: args.num_prompts]]
     engines = {policy: DecodingEngine(pair, method="ddtree", budget=args.budget, device=args.device,
                                       dtype=args.dtype, tree_sampling=policy == "processed")
                for policy in ("raw", "processed")}

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-results/h200_call_a}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/env.txt" 2>&1
-python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/env.txt" 2>&1
+python3 benchmarks/versions.py torch triton transformers >> "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 timeout -k 5 170 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_triton_attention.py \
     tests/engine/test_batched.py > "$OUT/pytest_engine_cuda.txt" 2>&1

@@ -26,9 +26,10 @@ from typing import Any
 
 import torch
 
+from ddtree.jsonl import read_jsonl
 from ddtree.models.pair import default_dtype, load_pair
 from ddtree.models.sizes import PairSize, get_size
-from ddtree.models.train import evaluate_acceptance, iter_jsonl, train_pair
+from ddtree.models.train import evaluate_acceptance, train_pair
 
 log = logging.getLogger("gpu_pair")
 
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     dev = torch.device(device)
     pair = load_pair(pair_dir, device=dev, dtype=default_dtype(dev))
-    prompts = list(iter_jsonl(pair_dir / "prompts" / "heldout.jsonl"))
+    prompts = read_jsonl(pair_dir / "prompts" / "heldout.jsonl")
     t_eval = time.perf_counter()
     acc = evaluate_acceptance(pair, prompts, max_new_tokens=new_tokens, budgets=budgets, num_prompts=eval_prompts,
                               device=dev, deadline=t0 + args.eval_deadline_s)

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from ddtree.bench.http_client import wait_for_health
+from ddtree.bench.schema import ServerSpec
 from ddtree.bench.session import ServerProcess, free_port, server_command, start_server, stop_server
 
 
 @contextlib.contextmanager
 def _reference_server(pair: Path, method: str, log: Path) -> Iterator[ServerProcess]:
     port = free_port()
-    srv = start_server(server_command({"model": str(pair), "method": method, "budget": 16}, "127.0.0.1", port),
+    srv = start_server(server_command(ServerSpec(model=str(pair), method=method, budget=16), "127.0.0.1", port),
                        log, port=port)
     try:
         wait_for_health(srv.url, 180, process=srv.process, log_path=log)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,3 +104,13 @@ def test_cli(server: ServerProcess, prompts: Path, tmp_path: Path, capsys) -> No
     failing = [*argv[:-2], "--out", str(tmp_path / "bad.jsonl")]
     failing[failing.index("--max-new-tokens") + 1] = "5000"
     assert ddtree_main(failing) == 1
+
+
+def test_a_record_file_of_another_schema_version_is_not_extended(prompts: Path, tmp_path: Path) -> None:
+    out = tmp_path / "acc.jsonl"
+    old = {**TAGS, **dict.fromkeys(RECORD_FIELDS), "prompt_id": "p0", "dataset": "d", "variant": "greedy",
+           "sample_index": 0, "seed": 1, "schema_version": 0}
+    out.write_text(json.dumps(old) + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"{out} record 1: `schema_version`: this code reads version 1")):
+        run_acceptance("http://127.0.0.1:9", prompts, VARIANTS, num_prompts=1, max_new_tokens=2, tags=TAGS, out=out)
+    assert read(out) == [old]

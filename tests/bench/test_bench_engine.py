@@ -8,14 +8,14 @@ import json
 import pytest
 
 from ddtree.bench import engine_bench
-from ddtree.engine.types import GenerationOutput
+from ddtree.engine.types import STAGES, GenerationOutput
 
 
 def _output(ids, accept_lens, decode_time, expected=None):
     return GenerationOutput(
         output_ids=ids, finish_reason="length", rounds=len(accept_lens), accept_lens=accept_lens,
         expected_accept_lens=expected if expected is not None else [float(a) for a in accept_lens],
-        stage_times=dict.fromkeys(("draft", "tree_build", "tree_compile", "verify", "commit"), 0.01),
+        stage_times=dict.fromkeys(STAGES, 0.01),
         ttft=0.1, decode_time=decode_time,
     )
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree.bench.session import check_plan, port_is_free, server_command
+from ddtree.bench.schema import BenchPlan, ServerSpec, read_plan
+from ddtree.bench.session import port_is_free, server_command
 
 
 def make_plan(pair: Path, tmp: Path, *, model: str | None = None, num_prompts: int = 1,
@@ -31,6 +32,7 @@ def make_plan(pair: Path, tmp: Path, *, model: str | None = None, num_prompts: i
         "tags": {"profile": "cpu", "pair": "tiny", "method": "ddtree", "budget": 16},
         "out": {"acceptance": str(tmp / "acc.jsonl"), "throughput": str(tmp / "thr.jsonl"),
                 "summary": str(tmp / "summary.json")},
+        "schema_version": 1,
     }
     path = tmp / "plan.json"
     path.write_text(json.dumps(plan))
@@ -125,14 +127,14 @@ def test_server_that_dies_fails_fast_with_its_log(tiny_pair: Path, tmp_path: Pat
 
 
 def test_sglang_command() -> None:
-    cmd = server_command({"engine": "sglang", "model": "Qwen/Qwen3-8B", "method": "dflash", "dtype": "bfloat16",
-                          "device": "cuda", "extra_args": ["--speculative-draft-model-path", "z-lab/drafter"]},
+    cmd = server_command(ServerSpec(engine="sglang", model="Qwen/Qwen3-8B", method="dflash", dtype="bfloat16",
+                                    device="cuda", extra_args=("--speculative-draft-model-path", "z-lab/drafter")),
                          "127.0.0.1", 1234)
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
     assert cmd[cmd.index("--model-path") + 1] == "Qwen/Qwen3-8B"
     assert cmd[cmd.index("--speculative-algorithm") + 1] == "DFLASH"
     assert cmd[cmd.index("--port") + 1] == "1234" and cmd[-2:] == ["--speculative-draft-model-path", "z-lab/drafter"]
-    ar = server_command({"engine": "sglang", "model": "m", "method": "ar"}, "127.0.0.1", 1)
+    ar = server_command(ServerSpec(engine="sglang", model="m", method="ar"), "127.0.0.1", 1)
     assert "--speculative-algorithm" not in ar
 
 
@@ -144,14 +146,26 @@ def test_sglang_command() -> None:
         (lambda p: p["server"].update(method="beam"), "method"),
         (lambda p: p["out"].pop("summary"), "summary"),
         (lambda p: (p.pop("acceptance"), p.pop("throughput")), "acceptance"),
+        (lambda p: p.pop("schema_version"), "missing field `schema_version`"),
+        (lambda p: p.update(schema_version=2), "`schema_version`: this code reads version 1, got 2"),
+        (lambda p: p["server"].update(port=1), "unknown field `server.port`"),
+        (lambda p: p["server"].pop("model"), "missing field `server.model`"),
+        (lambda p: p["throughput"].update(num_requests="8"), "`throughput.num_requests`: expected int"),
+        (lambda p: p["out"].pop("throughput"), "missing field `out.throughput`"),
+        (lambda p: p["tags"].update(prompt_id="x"), "`tags.prompt_id` clashes"),
     ],
 )
-def test_bad_plans_are_refused(tmp_path: Path, mutate, message: str) -> None:
-    plan = json.loads(make_plan(tmp_path, tmp_path).read_text())
-    check_plan(json.loads(json.dumps(plan)))
+def test_bad_plans_are_refused_naming_the_file_and_field(tmp_path: Path, mutate, message: str) -> None:
+    path = make_plan(tmp_path, tmp_path)
+    plan = json.loads(path.read_text())
+    assert read_plan(path).to_json() == {**plan, "acceptance": {**plan["acceptance"], "concurrency": 1,
+                                                              "seed_salt": ""}}
     mutate(plan)
-    with pytest.raises(ValueError, match=message):
-        check_plan(plan)
+    path.write_text(json.dumps(plan))
+    with pytest.raises(ValueError, match=f"plan {path}: .*{re.escape(message)}"):
+        read_plan(path)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        BenchPlan.from_json(plan)
 
 
 def test_session_interrupted_escapes_an_asyncio_socket_write() -> None:

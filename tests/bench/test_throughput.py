@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ddtree.bench.records import record_key
+from ddtree.bench.schema import ThroughputRecord, read_record_file
 from ddtree.bench.session import ServerProcess
 from ddtree.bench.throughput import RECORD_FIELDS, run_throughput, summarize_level
 from ddtree.cli import main as ddtree_main
@@ -62,7 +63,8 @@ def test_sweep_records_summary_and_resume(server: ServerProcess, prompts: Path, 
         s = result["levels"][c]
         assert s["requests"] == 4 and s["errors"] == 0 and s["output_tokens"] == 24
         assert s["output_tokens_per_s"] > 0 and s["e2e_p50"] <= s["e2e_p90"] <= s["e2e_p99"]
-        assert s == {**summarize_level(by_level[c]), "concurrency": c, "resumed": 0}
+        typed = [r for r in read_record_file(out, ThroughputRecord, TAGS) if r.concurrency == c]
+        assert s == {**summarize_level(typed), "concurrency": c, "resumed": 0}
 
     again = sweep(server, prompts, out)
     assert (again["written"], again["skipped"]) == (0, 8) and read(out) == records

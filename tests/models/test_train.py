@@ -67,14 +67,15 @@ def test_anchors_and_schedule():
 @pytest.mark.slow
 def test_tiny_pair_trains_and_drafts_better_than_chance(tiny_pair):
     from ddtree.models.pair import load_pair
-    from ddtree.models.train import evaluate_acceptance, iter_jsonl
+    from ddtree.jsonl import read_jsonl
+    from ddtree.models.train import evaluate_acceptance
 
     manifest = json.loads((tiny_pair / "manifest.json").read_text())
     t = manifest["training"]
     assert t["target"]["steps"] > 0 and t["drafter"]["steps"] > 0
     assert t["target"]["heldout_loss"] < math.log(manifest["vocab_size"])  # learned something
     assert manifest["corpus"]["num_heldout"] > 0 and len(manifest["corpus"]["files"]) > 0
-    prompts = list(iter_jsonl(tiny_pair / "prompts" / "heldout.jsonl"))
+    prompts = read_jsonl(tiny_pair / "prompts" / "heldout.jsonl")
     assert len(prompts) == manifest["prompts"]["count"] and prompts[0]["dataset"] == "stdlib-heldout"
     pair = load_pair(tiny_pair)
     res = evaluate_acceptance(pair, prompts, num_prompts=4, max_new_tokens=24)

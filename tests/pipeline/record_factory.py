@@ -1,8 +1,10 @@
-"""Benchmark records in the shapes of docs/CONTRACTS.md, generated for the pipeline tests."""
+"""Benchmark records (`ddtree.bench.schema`, in their on-disk form), generated for the pipeline tests."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from ddtree.bench.schema import AcceptanceRecord, ThroughputRecord
 
 VARIANTS = [
     {"name": "greedy", "temperature": 0.0, "top_k": -1, "top_p": 1.0},
@@ -12,24 +14,26 @@ VARIANTS = [
 
 def acceptance_record(tags, prompt_id, variant, output_ids, accept_lens, *, decode_time, sample_index=0):
     rounds = len(accept_lens)
-    return {
-        **tags, "prompt_id": prompt_id, "dataset": "stdlib-heldout", "variant": variant["name"],
-        "temperature": variant["temperature"], "top_k": variant["top_k"], "top_p": variant["top_p"],
-        "sample_index": sample_index, "seed": 1000 + sample_index, "prompt_tokens": 12,
-        "completion_tokens": len(output_ids), "spec_verify_ct": rounds,
-        "tau": (sum(accept_lens) + rounds) / max(rounds, 1), "accept_lens": accept_lens,
-        "expected_accept_lens": [a + 0.25 for a in accept_lens],
-        "stage_times": {"draft": 0.01 * rounds, "tree_build": 0.002 * rounds, "tree_compile": 0.001 * rounds,
-                        "verify": 0.02 * rounds, "commit": 0.001 * rounds},
-        "e2e_latency": decode_time + 0.05, "ttft": 0.05, "decode_time": decode_time, "output_ids": output_ids,
-        "error": None,
-    }
+    return AcceptanceRecord(
+        tags=tags, prompt_id=prompt_id, dataset="stdlib-heldout", variant=variant["name"],
+        temperature=variant["temperature"], top_k=variant["top_k"], top_p=variant["top_p"],
+        sample_index=sample_index, seed=1000 + sample_index, prompt_tokens=12,
+        completion_tokens=len(output_ids), spec_verify_ct=rounds,
+        tau=(sum(accept_lens) + rounds) / max(rounds, 1), accept_lens=accept_lens,
+        expected_accept_lens=[a + 0.25 for a in accept_lens],
+        stage_times={"draft": 0.01 * rounds, "tree_build": 0.002 * rounds, "tree_compile": 0.001 * rounds,
+                     "verify": 0.02 * rounds, "commit": 0.001 * rounds},
+        entropies=[], e2e_latency=decode_time + 0.05, ttft=0.05, decode_time=decode_time, output_ids=output_ids,
+        error=None,
+    ).to_json()
 
 
 def throughput_record(tags, concurrency, index, start, end, tokens=16, error=None):
-    return {**tags, "concurrency": concurrency, "request_index": index, "prompt_id": f"p{index}",
-            "completion_tokens": tokens, "e2e_latency": end - start, "ttft": 0.01,
-            "tpot": (end - start - 0.01) / (tokens - 1), "start_time": start, "end_time": end, "error": error}
+    return ThroughputRecord(
+        tags=tags, concurrency=concurrency, request_index=index, prompt_id=f"p{index}", completion_tokens=tokens,
+        e2e_latency=end - start, ttft=0.01, tpot=(end - start - 0.01) / (tokens - 1), start_time=start, end_time=end,
+        error=error,
+    ).to_json()
 
 
 def make_records():

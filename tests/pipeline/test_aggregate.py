@@ -1,14 +1,16 @@
-"""Aggregation on records generated here in the shapes of docs/CONTRACTS.md."""
+"""Aggregation on records generated here (`ddtree.bench.schema` records, see record_factory)."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
 import pytest
 from record_factory import make_records
 
+from ddtree.bench.schema import AcceptancePhase, BenchPlan, PlanOutputs, ServerSpec, write_plan
 from ddtree.pipeline.aggregate import build_tables, load_run_records, write_tables
 
 
@@ -59,14 +61,18 @@ def test_tables_have_expected_values(records):
     assert test.iloc[0]["p_value"] == pytest.approx(1.0)
 
 
+def _plan(tmp_path) -> BenchPlan:
+    return BenchPlan(server=ServerSpec(model="m", method="ar"), prompts="p.jsonl", acceptance=AcceptancePhase(),
+                     tags={"profile": "cpu", "pair": "tiny", "method": "ar", "budget": None},
+                     out=PlanOutputs(acceptance=str(tmp_path / "a.jsonl"), throughput=str(tmp_path / "missing.jsonl"),
+                                     summary=str(tmp_path / "s.json")))
+
+
 def test_load_run_records_and_write_tables(records, tmp_path):
     acc, thr = records
-    plan = {"tags": {"profile": "cpu", "pair": "tiny", "method": "ar", "budget": None},
-            "out": {"acceptance": str(tmp_path / "a.jsonl"), "throughput": str(tmp_path / "missing.jsonl"),
-                    "summary": str(tmp_path / "s.json")}}
-    lines = [json.dumps({k: v for k, v in r.items() if k not in plan["tags"]}) for r in acc if r["method"] == "ar"]
+    lines = [json.dumps(r) for r in acc if r["method"] == "ar"]
     (tmp_path / "a.jsonl").write_text("\n".join(lines) + '\n{"prompt_id": "trunc')  # a killed writer's last line
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    write_plan(tmp_path / "plan.json", _plan(tmp_path))
     loaded_acc, loaded_thr = load_run_records([tmp_path / "plan.json"])
     assert len(loaded_acc) == len(lines) and loaded_thr == []
     assert all(r["method"] == "ar" and r["profile"] == "cpu" for r in loaded_acc)
@@ -83,3 +89,24 @@ def test_empty_inputs_give_empty_tables_with_columns():
     tables = build_tables([], [])
     for name, frame in tables.items():
         assert frame.empty and len(frame.columns) > 0, name
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r.pop("schema_version"), "missing field `schema_version`"),
+        (lambda r: r.update(schema_version=0), "`schema_version`: this code reads version 1, got 0"),
+        (lambda r: r.pop("tau"), "missing field `tau`"),
+        (lambda r: r.pop("pair"), "missing field `pair`"),
+        (lambda r: r.update(rounds=3), "unknown field `rounds`"),
+        (lambda r: r.update(accept_lens=[1, "2"]), "`accept_lens[1]`: expected int"),
+    ],
+)
+def test_a_record_outside_the_schema_is_refused_naming_file_line_and_field(records, tmp_path, edit, message):
+    acc, _ = records
+    rows = [r for r in acc if r["method"] == "ar"][:3]
+    edit(rows[1])
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_plan(tmp_path / "plan.json", _plan(tmp_path))
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'a.jsonl'} line 2: ") + ".*" + re.escape(message)):
+        load_run_records([tmp_path / "plan.json"])

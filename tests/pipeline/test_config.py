@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
+from ddtree.bench.schema import read_plan, write_plan
 from ddtree.pipeline.config import (
     build_plan,
     check_hardware_profile,
@@ -98,9 +100,12 @@ def test_server_extra_args_adds_tp_once_for_sglang():
 
 
 def test_build_plan_matches_contract(tmp_path):
-    plan = build_plan(CONFIG, "cpu", PROFILE, "embedded-small", "ddtree-b8", model_dir="m", prompts="p.jsonl",
-                      num_prompts=4, out_dir=str(tmp_path), server_log="s.log")
-    assert set(plan) == {"server", "prompts", "acceptance", "throughput", "tags", "out"}
+    typed = build_plan(CONFIG, "cpu", PROFILE, "embedded-small", "ddtree-b8", model_dir="m", prompts="p.jsonl",
+                       num_prompts=4, out_dir=str(tmp_path), server_log="s.log")
+    write_plan(tmp_path / "plan.json", typed)
+    assert read_plan(tmp_path / "plan.json") == typed
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert set(plan) == {"server", "prompts", "acceptance", "throughput", "tags", "out", "schema_version"}
     assert plan["server"]["method"] == "ddtree" and plan["server"]["budget"] == 8
     assert plan["tags"] == {"profile": "cpu", "pair": "embedded-small", "method": "ddtree", "budget": 8,
                             "verifier": "exact"}
@@ -109,7 +114,7 @@ def test_build_plan_matches_contract(tmp_path):
     assert plan["out"]["summary"] == str(tmp_path / "records" / "session.json")
     ar = build_plan(CONFIG, "cpu", PROFILE, "embedded-small", "ar", model_dir="m", prompts="p.jsonl",
                     num_prompts=4, out_dir=str(tmp_path), server_log="s.log")
-    assert ar["tags"]["budget"] is None and isinstance(ar["server"]["budget"], int)
+    assert ar.tags["budget"] is None and isinstance(ar.server.budget, int)
     with pytest.raises(ValueError, match="num_prompts"):
         build_plan(CONFIG, "cpu", PROFILE, "p", "ar", model_dir="m", prompts="p", num_prompts=0, out_dir="o",
                    server_log="s")
@@ -118,12 +123,12 @@ def test_build_plan_matches_contract(tmp_path):
 def test_sglang_bench_serving_switch_adds_a_phase_on_the_throughput_requests(tmp_path):
     config = {**CONFIG, "throughput": {**CONFIG["throughput"], "sglang_bench_serving": True}}
     plan = build_plan(config, "cpu", PROFILE, "embedded-small", "ddtree-b8", model_dir="m", prompts="p.jsonl",
-                      num_prompts=4, out_dir=str(tmp_path), server_log="s.log")
+                      num_prompts=4, out_dir=str(tmp_path), server_log="s.log").to_json()
     assert plan["sglang_bench"] == {"concurrency": [1, 2], "num_prompts": 4, "output_len": 16,
                                     "variant": plan["throughput"]["variant"]}
     assert plan["out"]["sglang_bench"] == str(tmp_path / "records" / "sglang_bench.jsonl")
     off = build_plan(CONFIG, "cpu", PROFILE, "embedded-small", "ddtree-b8", model_dir="m", prompts="p.jsonl",
-                     num_prompts=4, out_dir=str(tmp_path), server_log="s.log")
+                     num_prompts=4, out_dir=str(tmp_path), server_log="s.log").to_json()
     assert "sglang_bench" not in off and "sglang_bench" not in off["out"]  # off unless asked for
 
 
@@ -157,7 +162,7 @@ def test_sglang_plans_give_each_method_its_server_arguments(tmp_path) -> None:
     def command(run: str) -> list[str]:
         plan = build_plan(CONFIG, "b300-x8", sglang, "embedded-small", run, model_dir=str(tmp_path / "m"),
                           prompts="p.jsonl", num_prompts=4, out_dir=str(tmp_path / run), server_log="s.log")
-        return server_command(plan["server"], "127.0.0.1", 30000)
+        return server_command(plan.server, "127.0.0.1", 30000)
 
     def value(cmd: list[str], flag: str) -> str | None:
         return cmd[cmd.index(flag) + 1] if flag in cmd else None

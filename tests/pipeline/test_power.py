@@ -25,8 +25,9 @@ ALPHA = 0.01
 
 
 def _plan(run, tmp_path, config=CONFIG):
+    """The plan as the session reads it from disk."""
     return build_plan(config, "cpu", PROFILE, "embedded-small", run, model_dir="m", prompts="p.jsonl",
-                      num_prompts=4, out_dir=str(tmp_path / run), server_log="s.log")
+                      num_prompts=4, out_dir=str(tmp_path / run), server_log="s.log").to_json()
 
 
 def test_ar_and_each_speculative_run_draw_independent_seeds(tmp_path):
@@ -130,11 +131,11 @@ def _records(engine, prompts, variant, run_tags, samples):
 def test_pipeline_tests_reject_the_lossy_verifier_and_pass_the_exact_one(tiny_pair):
     from ddtree.engine.engine import DecodingEngine
     from ddtree.models.pair import load_pair
-    from ddtree.models.train import iter_jsonl
+    from ddtree.jsonl import read_jsonl
 
     pair = load_pair(tiny_pair)
     prompts = [(str(i), pair.tokenizer(rec["text"]).input_ids[-48:])
-               for i, rec in enumerate(list(iter_jsonl(tiny_pair / "prompts" / "heldout.jsonl"))[:6])]
+               for i, rec in enumerate(read_jsonl(tiny_pair / "prompts" / "heldout.jsonl")[:6])]
     variant = {"name": "t1", "temperature": 1.0, "top_k": -1, "top_p": 1.0}
     base = {"profile": "cpu", "pair": "tiny"}
     records = _records(DecodingEngine(pair, method="ar"), prompts, variant,

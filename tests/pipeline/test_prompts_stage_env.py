@@ -8,13 +8,12 @@ import subprocess
 import pandas as pd
 import pytest
 
+from ddtree.jsonl import read_jsonl, write_jsonl
 from ddtree.pipeline import envinfo, stage
 from ddtree.pipeline.prompts import (
     load_embedded_prompts,
     load_table_prompts,
-    read_jsonl,
     select_prompts,
-    write_jsonl,
 )
 
 HUB_PAIR = {

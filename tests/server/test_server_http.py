@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from ddtree.bench.http_client import wait_for_health
+from ddtree.bench.schema import ServerSpec
 from ddtree.bench.session import ServerProcess, free_port, port_is_free, server_command, start_server, stop_server
 from ddtree.engine.types import GenerationRequest
 from ddtree.server.protocol import UNSUPPORTED_COMPLETION, UNSUPPORTED_GENERATE, UNSUPPORTED_SAMPLING
@@ -29,7 +30,7 @@ MAX_NEW = 12
 
 def launch(pair: Path, log: Path, method: str = "ddtree") -> ServerProcess:
     port = free_port()
-    cmd = server_command({"model": str(pair), "method": method, "budget": BUDGET}, "127.0.0.1", port)
+    cmd = server_command(ServerSpec(model=str(pair), method=method, budget=BUDGET), "127.0.0.1", port)
     server = start_server(cmd, log, port=port)
     try:
         wait_for_health(server.url, 180, process=server.process, log_path=log)

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from ddtree.bench.http_client import wait_for_health
+from ddtree.bench.schema import ServerSpec
 from ddtree.bench.session import ServerProcess, free_port, server_command, start_server, stop_server
 from ddtree.bench.throughput import run_throughput
 
@@ -37,7 +38,7 @@ BUDGET = 16
 def server(tiny_pair: Path, tmp_path_factory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("sglang_client") / "server.log"
     port = free_port()
-    srv = start_server(server_command({"model": str(tiny_pair), "method": "ddtree", "budget": BUDGET}, "127.0.0.1",
+    srv = start_server(server_command(ServerSpec(model=str(tiny_pair), method="ddtree", budget=BUDGET), "127.0.0.1",
                                       port), log, port=port)
     try:
         wait_for_health(srv.url, 180, process=srv.process, log_path=log)

@@ -136,12 +136,13 @@ def test_the_pipelines_ddtree_command_resolves(sglang_pair, profile):
     import yaml
     from sglang.srt.server_args import prepare_server_args
 
+    from ddtree.bench.schema import ServerSpec
     from ddtree.bench.session import server_command
     from ddtree.pipeline.config import server_extra_args
 
     hw = yaml.safe_load((Path(__file__).parents[2] / "config" / "hardware" / f"{profile}.yaml").read_text())
-    server = {"engine": "sglang", "model": str(sglang_pair), "method": "ddtree", "budget": 64,
-              "dtype": hw["dtype"], "extra_args": server_extra_args(hw)}
+    server = ServerSpec(engine="sglang", model=str(sglang_pair), method="ddtree", budget=64, dtype=hw["dtype"],
+                        extra_args=tuple(server_extra_args(hw)))
     cmd = server_command(server, "127.0.0.1", 30000)
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
     load_plugins()

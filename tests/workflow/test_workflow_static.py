@@ -223,3 +223,11 @@ def test_h200_profile_benchmarks_the_gpu_pair_trained_on_its_gpu(workdir):
     resources = dict(item.split("=", 1) for item in block.group(1).split(", "))
     assert resources["slurm_partition"] == hw["partition"] and resources["gpu"] == str(hw["gpus"])
     assert resources["gpu_model"] == hw["gpu_model"]
+
+
+def test_config_schema_methods_are_the_engines_methods():
+    """The schema (config, YAML) lists the methods again; it must name the code's one list, in its order."""
+    from ddtree.engine.types import METHODS
+
+    methods = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"]["methods"]
+    assert methods["items"]["enum"] == list(METHODS) and methods["default"] == list(METHODS)

@@ -12,8 +12,8 @@ from ddtree.pipeline.prompts import (  # noqa: E402
     load_embedded_prompts,
     load_table_prompts,
     select_prompts,
-    write_jsonl,
 )
+from ddtree.jsonl import write_jsonl  # noqa: E402
 
 log = to_log(snakemake.log[0])  # noqa: F821
 pair_dir = Path(snakemake.input.manifest).parent  # noqa: F821

@@ -8,7 +8,8 @@ sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
 from _logging import to_log  # noqa: E402
 
 from ddtree.pipeline.config import build_plan, plan_fingerprint, reset_stale_records  # noqa: E402
-from ddtree.pipeline.prompts import read_jsonl  # noqa: E402
+from ddtree.bench.schema import write_plan  # noqa: E402
+from ddtree.jsonl import read_jsonl  # noqa: E402
 
 log = to_log(snakemake.log[0])  # noqa: F821
 wc = snakemake.wildcards  # noqa: F821
@@ -28,5 +29,5 @@ plan = build_plan(
 removed = reset_stale_records(plan, plan_fingerprint(plan, snakemake.input.manifest))  # noqa: F821
 for path in removed:
     log.info("removed stale records %s (plan or model changed)", path)
-Path(snakemake.output.plan).write_text(json.dumps(plan, indent=2) + "\n")  # noqa: F821
-log.info("plan %s: %s", snakemake.output.plan, json.dumps(plan["tags"]))  # noqa: F821
+write_plan(snakemake.output.plan, plan)  # noqa: F821
+log.info("plan %s: %s", snakemake.output.plan, json.dumps(plan.tags))  # noqa: F821

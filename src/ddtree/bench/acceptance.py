@@ -1,6 +1,6 @@
 """`ddtree bench acceptance`: per-request acceptance statistics over HTTP.
 
-For each prompt, sampling variant and sample, one `/generate` call; the record (docs/CONTRACTS.md)
+For each prompt, sampling variant and sample, one `/generate` call; the record (`AcceptanceRecord`)
 is appended to a JSON-lines file as soon as it arrives, and a rerun skips the records already
 there. tau = completion_tokens / spec_verify_ct (SGLang's accept length, bonus included).
 """
@@ -19,7 +19,6 @@ from typing import Any
 
 from ddtree.bench.http_client import (
     Prompt,
-    check_variant,
     derive_seed,
     load_prompts,
     make_client,
@@ -29,17 +28,12 @@ from ddtree.bench.http_client import (
     sampling_params,
     setup_logging,
 )
-from ddtree.bench.records import RecordWriter
+from ddtree.bench.schema import GREEDY_VARIANT, AcceptanceRecord, RecordLog, SchemaError, check_variant
+from ddtree.engine.types import DEFAULT_MAX_NEW_TOKENS
 
 log = logging.getLogger(__name__)
 
-RECORD_FIELDS = (
-    "prompt_id", "dataset", "variant", "temperature", "top_k", "top_p", "sample_index", "seed", "prompt_tokens",
-    "completion_tokens", "spec_verify_ct", "tau", "accept_lens", "expected_accept_lens", "stage_times", "entropies",
-    "e2e_latency", "ttft", "decode_time", "output_ids", "error",
-)
-KEY_FIELDS = ("prompt_id", "variant", "sample_index")
-DEFAULT_VARIANTS = [{"name": "greedy", "temperature": 0.0, "top_k": -1, "top_p": 1.0}]
+RECORD_FIELDS = AcceptanceRecord.record_fields()
 
 
 @dataclass(frozen=True)
@@ -49,16 +43,10 @@ class Job:
     sample_index: int
     seed: int
 
-
-def check_tags(tags: Any, reserved: Sequence[str]) -> dict[str, Any]:
-    if tags is None:
-        return {}
-    if not isinstance(tags, dict):
-        raise ValueError(f"tags: expected a JSON object, got {tags!r}")
-    clash = sorted(set(tags) & set(reserved))
-    if clash:
-        raise ValueError(f"tags: keys {clash} clash with record fields")
-    return dict(tags)
+    @property
+    def key(self) -> dict[str, Any]:
+        """Its record's KEY_FIELDS values."""
+        return {"prompt_id": self.prompt.id, "variant": self.variant["name"], "sample_index": self.sample_index}
 
 
 def plan_jobs(prompts: Sequence[Prompt], variants: Sequence[dict[str, Any]], samples_per_prompt: int,
@@ -85,52 +73,52 @@ def _tau(completion: Any, verify_ct: Any) -> float | None:
     return None
 
 
-def make_record(tags: Mapping[str, Any], job: Job, result: Any) -> dict[str, Any]:
-    """One acceptance record from a `GenerateResult` (missing meta fields, e.g. on SGLang, become null)."""
+def make_record(tags: Mapping[str, Any], job: Job, result: Any) -> AcceptanceRecord:
+    """One acceptance record from a `GenerateResult` (missing meta fields, e.g. on SGLang, become null; a response
+    whose fields do not fit the record is recorded as a failed request, with every measured field null)."""
     meta = result.meta
     body = result.body or {}
     completion = meta.get("completion_tokens")
     verify_ct = meta.get("spec_verify_ct")
-    return {
-        **tags,
-        "prompt_id": job.prompt.id,
-        "dataset": job.prompt.dataset,
-        "variant": job.variant["name"],
-        "temperature": job.variant.get("temperature"),
-        "top_k": job.variant.get("top_k"),
-        "top_p": job.variant.get("top_p"),
-        "sample_index": job.sample_index,
-        "seed": job.seed,
-        "prompt_tokens": meta.get("prompt_tokens"),
-        "completion_tokens": completion,
-        "spec_verify_ct": verify_ct,
-        "tau": _tau(completion, verify_ct),
-        "accept_lens": meta.get("accept_lens"),
-        "expected_accept_lens": meta.get("expected_accept_lens"),
-        "stage_times": meta.get("stage_times"),
-        "entropies": meta.get("entropies"),
-        "e2e_latency": meta.get("e2e_latency", result.e2e_latency if result.error is None else None),
-        "ttft": meta.get("ttft"),
-        "decode_time": meta.get("decode_time"),
-        "output_ids": body.get("output_ids"),
-        "error": result.error,
-    }
+    identity = dict(
+        tags=dict(tags), prompt_id=job.prompt.id, dataset=job.prompt.dataset, variant=job.variant["name"],
+        temperature=job.variant.get("temperature"), top_k=job.variant.get("top_k"), top_p=job.variant.get("top_p"),
+        sample_index=job.sample_index, seed=job.seed,
+    )
+    measured = dict(
+        prompt_tokens=meta.get("prompt_tokens"),
+        completion_tokens=completion,
+        spec_verify_ct=verify_ct,
+        tau=_tau(completion, verify_ct),
+        accept_lens=meta.get("accept_lens"),
+        expected_accept_lens=meta.get("expected_accept_lens"),
+        stage_times=meta.get("stage_times"),
+        entropies=meta.get("entropies"),
+        e2e_latency=meta.get("e2e_latency", result.e2e_latency if result.error is None else None),
+        ttft=meta.get("ttft"),
+        decode_time=meta.get("decode_time"),
+        output_ids=body.get("output_ids"),
+    )
+    try:
+        return AcceptanceRecord(**identity, **measured, error=result.error)
+    except SchemaError as exc:
+        return AcceptanceRecord(**identity, **dict.fromkeys(measured), error=f"response outside the record: {exc}")
 
 
-def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def summarize(records: Sequence[AcceptanceRecord]) -> dict[str, dict[str, Any]]:
     """Per variant: counts, mean tau per request and pooled tau (sum tokens / sum rounds)."""
     out: dict[str, dict[str, Any]] = {}
-    for name in sorted({r["variant"] for r in records}):
-        rows = [r for r in records if r["variant"] == name]
-        ok = [r for r in rows if not r.get("error") and r.get("tau") is not None]
-        taus = [r["tau"] for r in ok]
-        rounds = sum(r["spec_verify_ct"] for r in ok)
-        expected = [x for r in ok for x in (r.get("expected_accept_lens") or [])]
+    for name in sorted({r.variant for r in records}):
+        rows = [r for r in records if r.variant == name]
+        ok = [r for r in rows if not r.error and r.tau is not None]
+        taus = [r.tau for r in ok]
+        rounds = sum(r.spec_verify_ct or 0 for r in ok)
+        expected = [x for r in ok for x in (r.expected_accept_lens or [])]
         out[name] = {
             "requests": len(rows),
-            "errors": sum(1 for r in rows if r.get("error")),
+            "errors": sum(1 for r in rows if r.error),
             "mean_tau": sum(taus) / len(taus) if taus else None,
-            "pooled_tau": sum(r["completion_tokens"] for r in ok) / rounds if rounds else None,
+            "pooled_tau": sum(r.completion_tokens or 0 for r in ok) / rounds if rounds else None,
             "mean_expected_tau": 1.0 + sum(expected) / len(expected) if expected else None,
         }
     return out
@@ -157,16 +145,12 @@ async def run_acceptance_async(
     checked = [check_variant(v, f"variants[{i}]") for i, v in enumerate(variants)]
     if len({v["name"] for v in checked}) != len(checked):
         raise ValueError("variants: names must be unique")
-    tags = check_tags(tags, RECORD_FIELDS)
     jobs = plan_jobs(load_prompts(prompts_path, num_prompts), checked, samples_per_prompt, seed_salt)
-    key_fields = [*tags, *KEY_FIELDS]
-    records: list[dict[str, Any]] = []
-    with RecordWriter(out, key_fields) as writer:
-        keys = {writer.key({**tags, "prompt_id": j.prompt.id, "variant": j.variant["name"],
-                            "sample_index": j.sample_index}) for j in jobs}
-        records.extend(r for r in writer.existing if writer.key(r) in keys)
-        todo = [j for j in jobs if not writer.is_done(
-            {**tags, "prompt_id": j.prompt.id, "variant": j.variant["name"], "sample_index": j.sample_index})]
+    records: list[AcceptanceRecord] = []
+    with RecordLog(out, AcceptanceRecord, tags or {}) as writer:
+        keys = {writer.key(**job.key) for job in jobs}
+        records.extend(r for r in writer.existing if writer.key_of(r) in keys)
+        todo = [job for job in jobs if not writer.is_done(**job.key)]
         if writer.skipped:
             log.info("acceptance: %d of %d records already in %s, skipped", writer.skipped, len(jobs), out)
 
@@ -175,13 +159,13 @@ async def run_acceptance_async(
             async def one(job: Job) -> None:
                 payload = {"text": job.prompt.text,
                            "sampling_params": sampling_params(job.variant, max_new_tokens, job.seed)}
-                record = make_record(tags, job, await post_generate(client, url, payload))
+                record = make_record(writer.tags, job, await post_generate(client, url, payload))
                 writer.write(record)
                 records.append(record)
 
             await run_bounded(todo, one, concurrency, desc="acceptance")
         written, skipped = writer.written, writer.skipped
-    errors = sum(1 for r in records if r.get("error"))
+    errors = sum(1 for r in records if r.error)
     return {"planned": len(jobs), "written": written, "skipped": skipped, "errors": errors,
             "variants": summarize(records), "out": str(out)}
 
@@ -207,10 +191,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
     parser.add_argument("--prompts", required=True, help='JSON lines {"id", "dataset", "text"}')
-    parser.add_argument("--variants", default=json.dumps(DEFAULT_VARIANTS),
+    parser.add_argument("--variants", default=json.dumps([dict(GREEDY_VARIANT)]),
                         help="JSON list (inline or a file) of {name, temperature, top_k, top_p}")
     parser.add_argument("--num-prompts", type=int, default=None)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument("--samples-per-prompt", type=int, default=1)
     parser.add_argument("--tags", default="{}", help="JSON object (inline or a file) copied into every record")
     parser.add_argument("--concurrency", type=int, default=1)

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ddtree import switches
+from ddtree.bench.text_table import text_table
 from ddtree.core.build import build_paths, build_tree, choose_method
 
 FIELDS = ("token_ids", "parents", "depths", "node_logws", "num_nodes")
@@ -232,10 +233,7 @@ def format_table(rows: list[dict]) -> str:
     cells = [[title for _, title, _ in cols]]
     for r in rows:
         cells.append([fmt.format(r[key]) if key in r else "n/a" for key, _, fmt in cols])
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(cells, rule=True)
 
 
 def run(args: argparse.Namespace) -> int:

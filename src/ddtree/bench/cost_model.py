@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ddtree.bench.text_table import text_table
 from ddtree.engine.fast_model import DecoderShape, FusedDecoder, random_drafter_for
 from ddtree.engine.types import STAGES, GenerationRequest
 
@@ -272,7 +273,4 @@ def _format_table(rows: list[dict[str, Any]], ar_ms: dict[int, float], taus: lis
         for tau in taus:
             line.append("-" if ar is None or r["method"] == "ar" else f"{tau * ar / r['round_ms']:.2f}x")
         lines.append(line)
-    widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(head)]
-    out = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
-    out += ["  ".join(c.rjust(w) for c, w in zip(x, widths)) for x in lines]
-    return "\n".join(out)
+    return text_table([head, *lines])

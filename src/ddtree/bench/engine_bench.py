@@ -18,18 +18,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ddtree.engine.types import STAGES, GenerationOutput, GenerationRequest
+from ddtree.bench.text_table import text_table
+from ddtree.engine.types import DEFAULT_MAX_NEW_TOKENS, METHODS, STAGES, GenerationOutput, GenerationRequest
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="pair directory (target/ + drafter/); or --random-weights")
     parser.add_argument("--prompts", default=None, help="JSON lines with a 'text' field (default PAIR/prompts/heldout.jsonl)")
     parser.add_argument("--num-prompts", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument("--max-prompt-tokens", type=int, default=512, help="keep the last N prompt tokens")
     parser.add_argument("--budgets", default="8,16,32,64", help="comma-separated ddtree budgets")
     parser.add_argument("--temperatures", default="0,1", help="comma-separated temperatures")
-    parser.add_argument("--methods", default="ar,dflash,ddtree", help="comma-separated subset of ar,dflash,ddtree")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -62,26 +63,10 @@ def parse_list(text: str, kind: type, name: str) -> list[Any]:
     return values
 
 
-def load_prompts(path: str | Path, num_prompts: int) -> list[dict[str, Any]]:
-    rows = []
-    with Path(path).open(encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                row = json.loads(line)
-                if "text" not in row:
-                    raise ValueError(f"prompt file {path}: a line has no 'text' field")
-                rows.append(row)
-            if len(rows) >= num_prompts:
-                break
-    if not rows:
-        raise ValueError(f"prompt file {path} holds no prompts")
-    return rows
-
-
 def configurations(methods: Sequence[str], budgets: Sequence[int]) -> list[tuple[str, int | None]]:
-    """(method, budget) pairs in table order; ar first (the speedup reference)."""
+    """(method, budget) pairs in table order (METHODS' order: ar first, the speedup reference)."""
     configs: list[tuple[str, int | None]] = []
-    for method in ("ar", "dflash", "ddtree"):
+    for method in METHODS:
         if method not in methods:
             continue
         if method == "ddtree":
@@ -130,10 +115,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             + [f"{r['stage_ms'][s]:.3f}" for s in STAGES]
             + ["-" if match is None else f"{match:.2f}"]
         )
-    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(head)]
-    out = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
-    out += ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines]
-    return "\n".join(out)
+    return text_table([head, *lines])
 
 
 def _resolve_device(name: str) -> str:
@@ -148,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
+    from ddtree.bench.http_client import load_prompts
     from ddtree.engine.batched import make_engine
     from ddtree.engine.checks import default_dtype, resolve_dtype
     from ddtree.models.pair import load_pair
@@ -155,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     budgets = parse_list(args.budgets, int, "--budgets")
     temperatures = parse_list(args.temperatures, float, "--temperatures")
     methods = parse_list(args.methods, str, "--methods")
-    unknown = sorted(set(methods) - {"ar", "dflash", "ddtree"})
+    unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         raise SystemExit(f"ddtree bench engine: unknown --methods {unknown}")
     if args.threads:
@@ -178,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         engine.warmup([(m, b or budgets[0]) for m, b in configurations(methods, budgets)])
     room = engine.max_context - args.max_new_tokens
     keep = max(1, min(args.max_prompt_tokens, room))
-    token_ids = [pair.tokenizer.encode(p["text"])[-keep:] for p in prompts]
+    token_ids = [pair.tokenizer.encode(p.text)[-keep:] for p in prompts]
     configs = configurations(methods, budgets)
 
     # Warm-up: every configuration at least once (allocator, kernels, CUDA graphs of the tree builder),
@@ -249,7 +232,7 @@ def _timed_pass(engine, prompts, token_ids, configs, temperatures, args, tqdm, r
                 out = engine.generate(request, method=method, budget=budget)
                 results.setdefault((temperature, method, budget), []).append(out)
                 records.append({
-                    "prompt_id": prompts[index].get("id", str(index)), "method": method, "budget": out.budget,
+                    "prompt_id": prompts[index].id, "method": method, "budget": out.budget,
                     "temperature": temperature, "prompt_tokens": len(ids), "completion_tokens": len(out.output_ids),
                     "rounds": out.rounds, "tau": out.tau, "accept_lens": out.accept_lens,
                     "expected_accept_lens": out.expected_accept_lens, "stage_times": out.stage_times,

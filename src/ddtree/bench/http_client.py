@@ -21,10 +21,11 @@ from typing import Any, TypeVar
 import httpx
 from tqdm.auto import tqdm
 
+from ddtree.jsonl import read_jsonl
+
 T = TypeVar("T")
 
 DEFAULT_REQUEST_TIMEOUT_S = 3600.0
-SAMPLING_KEYS = ("temperature", "top_k", "top_p")
 
 
 @dataclass(frozen=True)
@@ -41,21 +42,14 @@ def setup_logging() -> None:
 
 
 def load_prompts(path: str | Path, num: int | None = None) -> list[Prompt]:
-    """Read `{"id", "dataset", "text"}` lines (first `num` of them); ids default to the line number."""
+    """Read `{"id", "dataset", "text"}` lines (first `num` of them); ids default to the prompt's index."""
     if num is not None and num < 1:
         raise ValueError(f"num_prompts must be >= 1, got {num}")
     prompts: list[Prompt] = []
-    with Path(path).open("r", encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise ValueError(f"prompts file {path}: line {line_no + 1} has no string `text`")
-            prompts.append(Prompt(id=str(row.get("id", line_no)), dataset=str(row.get("dataset", "")),
-                                  text=row["text"]))
-            if num is not None and len(prompts) >= num:
-                break
+    for index, row in enumerate(read_jsonl(path)[:num]):
+        if not isinstance(row.get("text"), str):
+            raise ValueError(f"prompts file {path}: prompt {index + 1} has no string `text`")
+        prompts.append(Prompt(id=str(row.get("id", index)), dataset=str(row.get("dataset", "")), text=row["text"]))
     if not prompts:
         raise ValueError(f"prompts file {path} holds no prompts")
     return prompts
@@ -80,13 +74,6 @@ def parse_int_list(value: str | Sequence[int], name: str) -> list[int]:
     if not items or any(v < 1 for v in items):
         raise ValueError(f"{name}: expected positive integers, got {value!r}")
     return items
-
-
-def check_variant(variant: Any, name: str = "variant") -> dict[str, Any]:
-    """A sampling variant: `name` plus sampling params (temperature, top_k, top_p, ...)."""
-    if not isinstance(variant, dict) or not isinstance(variant.get("name"), str):
-        raise ValueError(f"{name}: expected an object with a string `name`, got {variant!r}")
-    return {"temperature": 0.0, "top_k": -1, "top_p": 1.0, **variant}
 
 
 def derive_seed(*parts: Any) -> int:

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ddtree.jsonl import json_lines
+
 log = logging.getLogger(__name__)
 
 
@@ -23,25 +25,13 @@ def record_key(record: Mapping[str, Any], fields: Sequence[str]) -> str:
 
 
 def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int]:
-    """All well-formed JSON-object lines of `path` and the number of lines dropped as corrupt."""
-    path = Path(path)
-    if not path.exists():
+    """All well-formed JSON-object lines of `path` and the number of lines dropped as corrupt (a resumed file
+    is repaired, not refused: any torn write from a crash is dropped)."""
+    if not Path(path).exists():
         return [], 0
-    records, dropped = [], 0
-    with path.open("r", encoding="utf-8") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
-                dropped += 1  # a torn write from a crash
-                continue
-            if isinstance(value, dict):
-                records.append(value)
-            else:
-                dropped += 1
-    return records, dropped
+    values = [value for _, value, _ in json_lines(path)]
+    records = [value for value in values if isinstance(value, dict)]
+    return records, len(values) - len(records)
 
 
 def _ends_with_newline(path: Path) -> bool:

@@ -28,9 +28,10 @@ from ddtree.bench.acceptance import run_acceptance
 from ddtree.bench.http_client import get_json, setup_logging, wait_for_health
 from ddtree.bench.sglang_client import format_summary as format_sglang_bench
 from ddtree.bench.sglang_client import run_sglang_bench
+from ddtree.bench.schema import BenchPlan, SchemaError, ServerSpec, read_plan
 from ddtree.bench.throughput import format_summary as format_throughput
 from ddtree.bench.throughput import run_throughput
-from ddtree.engine.types import METHODS
+from ddtree.jsonl import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -49,50 +50,6 @@ class SessionInterrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(f"received {signal.Signals(signum).name}")
         self.signum = signum
-
-
-# ---------------------------------------------------------------- plan
-
-
-def _require(mapping: Mapping[str, Any], key: str, where: str) -> Any:
-    if key not in mapping:
-        raise ValueError(f"plan: `{where}.{key}` is required")
-    return mapping[key]
-
-
-def load_plan(path: str | Path) -> dict[str, Any]:
-    """Read and check a plan (schema in docs/CONTRACTS.md); relative paths stay relative to the cwd."""
-    try:
-        plan = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"plan {path}: not valid JSON ({exc})") from None
-    return check_plan(plan)
-
-
-def check_plan(plan: Any) -> dict[str, Any]:
-    if not isinstance(plan, dict):
-        raise ValueError("plan: expected a JSON object")
-    server = _require(plan, "server", "plan")
-    engine = server.get("engine", "reference")
-    if engine not in ("reference", "sglang"):
-        raise ValueError(f"plan: `server.engine` must be 'reference' or 'sglang', got {engine!r}")
-    _require(server, "model", "server")
-    method = server.get("method", "ddtree")
-    if method not in METHODS:
-        raise ValueError(f"plan: `server.method` must be one of {', '.join(METHODS)}, got {method!r}")
-    if not isinstance(server.get("extra_args", []), list):
-        raise ValueError("plan: `server.extra_args` must be a list of strings")
-    _require(plan, "prompts", "plan")
-    out = _require(plan, "out", "plan")
-    if "acceptance" not in plan and "throughput" not in plan:
-        raise ValueError("plan: needs `acceptance`, `throughput` or both")
-    for phase in ("acceptance", "throughput", "sglang_bench"):
-        if phase in plan:
-            _require(out, phase, "out")
-    _require(out, "summary", "out")
-    if "tags" in plan and not isinstance(plan["tags"], dict):
-        raise ValueError("plan: `tags` must be an object")
-    return plan
 
 
 # ---------------------------------------------------------------- server process
@@ -116,18 +73,18 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
-def server_command(server: Mapping[str, Any], host: str, port: int) -> list[str]:
+def server_command(server: ServerSpec, host: str, port: int) -> list[str]:
     """argv that starts the plan's server on host:port."""
-    method = server.get("method", "ddtree")
-    extra = [str(a) for a in server.get("extra_args", [])]
-    if server.get("engine", "reference") == "reference":
+    method = server.method
+    extra = list(server.extra_args)
+    if server.engine == "reference":
         return [
-            sys.executable, "-m", "ddtree.cli", "serve", "--model", str(server["model"]), "--method", method,
-            "--budget", str(server.get("budget", 64)), "--host", host, "--port", str(port),
-            "--device", str(server.get("device", "cpu")), "--dtype", str(server.get("dtype", "float32")), *extra,
+            sys.executable, "-m", "ddtree.cli", "serve", "--model", server.model, "--method", method,
+            "--budget", str(server.budget), "--host", host, "--port", str(port),
+            "--device", server.device or "cpu", "--dtype", server.dtype or "float32", *extra,
         ]
     # SGLang: a pair directory gives target and drafter; a hub id needs the drafter in extra_args
-    model = Path(str(server["model"]))
+    model = Path(server.model)
     target, drafter = (model / "target", model / "drafter") if (model / "target").is_dir() else (model, None)
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(target), "--host", host,
            "--port", str(port)]
@@ -136,11 +93,11 @@ def server_command(server: Mapping[str, Any], host: str, port: int) -> list[str]
         if drafter is not None:
             cmd += ["--speculative-draft-model-path", str(drafter)]
     if method == "ddtree":
-        cmd += sglang_ddtree_args(int(server.get("budget", 64)), extra)
-    if server.get("dtype"):
-        cmd += ["--dtype", str(server["dtype"])]
-    if server.get("device") and server.get("device") != "cuda":
-        cmd += ["--device", str(server["device"])]
+        cmd += sglang_ddtree_args(server.budget, extra)
+    if server.dtype:
+        cmd += ["--dtype", server.dtype]
+    if server.device and server.device != "cuda":
+        cmd += ["--device", server.device]
     return cmd + extra
 
 
@@ -228,12 +185,8 @@ def stop_server(server: ServerProcess, grace_s: float = TERM_GRACE_S) -> None:
 
 
 @contextlib.contextmanager
-def raise_on_signals() -> Iterator[None]:
-    """Turn SIGTERM/SIGINT into `SessionInterrupted` so `finally` blocks run."""
-
-    def handler(signum: int, _frame: Any) -> None:
-        raise SessionInterrupted(signum)
-
+def _on_signals(handler: Any) -> Iterator[None]:
+    """`handler` for SIGTERM and SIGINT inside the block, the previous handlers after it."""
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
@@ -242,60 +195,47 @@ def raise_on_signals() -> Iterator[None]:
             signal.signal(s, h)
 
 
-@contextlib.contextmanager
-def signals_ignored() -> Iterator[None]:
+def raise_on_signals() -> contextlib.AbstractContextManager[None]:
+    """Turn SIGTERM/SIGINT into `SessionInterrupted` so `finally` blocks run."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise SessionInterrupted(signum)
+
+    return _on_signals(handler)
+
+
+def signals_ignored() -> contextlib.AbstractContextManager[None]:
     """Keep a second signal from interrupting the cleanup itself."""
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+    return _on_signals(signal.SIG_IGN)
 
 
 # ---------------------------------------------------------------- session
 
 
-def run_phases(plan: Mapping[str, Any], url: str, summary: dict[str, Any]) -> None:
-    tags = plan.get("tags", {})
-    if "acceptance" in plan:
-        acc = plan["acceptance"]
+def run_phases(plan: BenchPlan, url: str, summary: dict[str, Any]) -> None:
+    if (acc := plan.acceptance) is not None:
         summary["acceptance"] = run_acceptance(
-            url, plan["prompts"], acc.get("variants") or [{"name": "greedy", "temperature": 0.0}],
-            num_prompts=acc.get("num_prompts"), max_new_tokens=int(acc.get("max_new_tokens", 128)),
-            samples_per_prompt=int(acc.get("samples_per_prompt", 1)), tags=tags, out=plan["out"]["acceptance"],
-            concurrency=int(acc.get("concurrency", 1)), seed_salt=str(acc.get("seed_salt", "")),
+            url, plan.prompts, acc.variants, num_prompts=acc.num_prompts, max_new_tokens=acc.max_new_tokens,
+            samples_per_prompt=acc.samples_per_prompt, tags=plan.tags, out=plan.out.acceptance,
+            concurrency=acc.concurrency, seed_salt=acc.seed_salt,
         )
-    if "throughput" in plan:
-        thr = plan["throughput"]
+    if (thr := plan.throughput) is not None:
         summary["throughput"] = run_throughput(
-            url, plan["prompts"], concurrency=thr.get("concurrency", [1]), num_requests=int(thr.get("num_requests", 8)),
-            max_new_tokens=int(thr.get("max_new_tokens", 128)), variant=thr.get("variant"), tags=tags,
-            out=plan["out"]["throughput"],
+            url, plan.prompts, concurrency=thr.concurrency, num_requests=thr.num_requests,
+            max_new_tokens=thr.max_new_tokens, variant=thr.variant, tags=plan.tags, out=plan.out.throughput,
         )
-    if "sglang_bench" in plan:  # optional: SGLang's own client on the same prompts and lengths
-        sgl = plan["sglang_bench"]
+    if (sgl := plan.sglang_bench) is not None:  # optional: SGLang's own client on the same prompts and lengths
         summary["sglang_bench"] = run_sglang_bench(
-            url, plan["prompts"], concurrency=[int(c) for c in sgl.get("concurrency", [1])],
-            num_prompts=int(sgl.get("num_prompts", 8)), output_len=int(sgl.get("output_len", 128)),
-            variant=sgl.get("variant") or {"name": "greedy", "temperature": 0.0}, out=plan["out"]["sglang_bench"],
+            url, plan.prompts, concurrency=sgl.concurrency, num_prompts=sgl.num_prompts, output_len=sgl.output_len,
+            variant=sgl.variant, out=plan.out.sglang_bench,
         )
 
 
-def write_summary(path: str | Path, summary: Mapping[str, Any]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def run_session(plan: Mapping[str, Any], host: str = "127.0.0.1") -> dict[str, Any]:
+def run_session(plan: BenchPlan, host: str = "127.0.0.1") -> dict[str, Any]:
     """Start the server, run the phases, always stop the server; the summary records how it ended."""
-    server_spec = plan["server"]
-    out = plan["out"]
-    log_path = server_spec.get("log") or str(Path(out["summary"]).with_suffix(".server.log"))
-    summary: dict[str, Any] = {"plan": plan, "status": "starting", "started_at": time.time()}
+    server_spec = plan.server
+    log_path = server_spec.log or str(Path(plan.out.summary).with_suffix(".server.log"))
+    summary: dict[str, Any] = {"plan": plan.to_json(), "status": "starting", "started_at": time.time()}
     server: ServerProcess | None = None
     try:
         with raise_on_signals():
@@ -306,7 +246,7 @@ def run_session(plan: Mapping[str, Any], host: str = "127.0.0.1") -> dict[str, A
             server = start_server(cmd, log_path, port=port, host=host)
             summary["server_pid"] = server.process.pid
             summary["health_wait_s"] = wait_for_health(
-                server.url, float(server_spec.get("health_timeout_s", 600)), process=server.process,
+                server.url, server_spec.health_timeout_s, process=server.process,
                 log_path=log_path,
             )
             summary["status"] = "running"
@@ -325,19 +265,19 @@ def run_session(plan: Mapping[str, Any], host: str = "127.0.0.1") -> dict[str, A
                 stop_server(server)
                 summary["server_returncode"] = server.process.returncode
             summary["finished_at"] = time.time()
-            write_summary(out["summary"], summary)
+            write_json_atomic(plan.out.summary, summary)
     return summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--plan", required=True, help="plan JSON (schema in docs/CONTRACTS.md)")
+    parser.add_argument("--plan", required=True, help="plan JSON (schema: ddtree.bench.schema.BenchPlan)")
 
 
 def run(args: argparse.Namespace) -> int:
     setup_logging()
     try:
-        plan = load_plan(args.plan)
-    except (OSError, ValueError) as exc:
+        plan = read_plan(args.plan)
+    except (OSError, SchemaError) as exc:
         raise SystemExit(f"ddtree bench session: {exc}") from None
     try:
         summary = run_session(plan)
@@ -355,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_sglang_bench(summary["sglang_bench"]), file=sys.stderr)
     requests, errors = request_counts(summary)
     print(json.dumps({"status": summary["status"], "requests": requests, "errors": errors,
-                      "summary": plan["out"]["summary"]}))
+                      "summary": plan.out.summary}))
     # failed requests are recorded (and retried by a rerun); only a run that measured nothing fails
     return 1 if requests and errors == requests else 0
 

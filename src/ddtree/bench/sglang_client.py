@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ddtree.bench.http_client import load_prompts
+from ddtree.jsonl import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +64,7 @@ def bench_serving_command(
 
 
 def _stored_levels(out: Path) -> dict[int, dict[str, Any]]:
-    levels: dict[int, dict[str, Any]] = {}
-    if out.is_file():
-        for line in out.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                levels[int(row["max_concurrency"])] = row
-    return levels
+    return {int(row["max_concurrency"]): row for row in read_jsonl(out)} if out.is_file() else {}
 
 
 def summarize(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """`ddtree bench throughput`: a concurrency sweep over HTTP.
 
 For each concurrency level c, N `/generate` requests with at most c in flight; one record per
-request (docs/CONTRACTS.md) appended as it arrives; a rerun skips the requests already recorded.
+request (`ThroughputRecord`) appended as it arrives; a rerun skips the requests already recorded.
 Requests are non-streaming, so TTFT is the server's (`meta_info.ttft`, from arrival) and
 TPOT = (e2e - ttft) / (completion_tokens - 1).
 """
@@ -18,9 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ddtree.bench.acceptance import check_tags
 from ddtree.bench.http_client import (
-    check_variant,
     derive_seed,
     load_prompts,
     make_client,
@@ -31,17 +29,18 @@ from ddtree.bench.http_client import (
     sampling_params,
     setup_logging,
 )
-from ddtree.bench.records import RecordWriter
+from ddtree.bench.schema import GREEDY_VARIANT, RecordLog, SchemaError, ThroughputRecord, check_variant
+from ddtree.engine.types import DEFAULT_MAX_NEW_TOKENS
 
 log = logging.getLogger(__name__)
 
-RECORD_FIELDS = ("concurrency", "request_index", "prompt_id", "completion_tokens", "e2e_latency", "ttft", "tpot",
-                 "start_time", "end_time", "error")
-KEY_FIELDS = ("concurrency", "request_index")
-DEFAULT_VARIANT = {"name": "greedy", "temperature": 0.0, "top_k": -1, "top_p": 1.0}
+RECORD_FIELDS = ThroughputRecord.record_fields()
 
 
-def make_record(tags: Mapping[str, Any], concurrency: int, index: int, prompt_id: str, result: Any) -> dict[str, Any]:
+def make_record(tags: Mapping[str, Any], concurrency: int, index: int, prompt_id: str,
+                result: Any) -> ThroughputRecord:
+    """One throughput record from a `GenerateResult` (a response whose fields do not fit the record is recorded as
+    a failed request, with the measured fields null)."""
     meta = result.meta
     completion = meta.get("completion_tokens")
     ttft = meta.get("ttft")
@@ -51,31 +50,25 @@ def make_record(tags: Mapping[str, Any], concurrency: int, index: int, prompt_id
         tpot = max(result.e2e_latency - ttft, 0.0) / (completion - 1)
     elif ok and isinstance(completion, int) and completion > 0:
         tpot = result.e2e_latency / completion  # no TTFT from the server: whole latency per token
-    return {
-        **tags,
-        "concurrency": concurrency,
-        "request_index": index,
-        "prompt_id": prompt_id,
-        "completion_tokens": completion,
-        "e2e_latency": result.e2e_latency if ok else None,
-        "ttft": ttft,
-        "tpot": tpot,
-        "start_time": result.start_time,
-        "end_time": result.end_time,
-        "error": result.error,
-    }
+    identity = dict(tags=dict(tags), concurrency=concurrency, request_index=index, prompt_id=prompt_id,
+                    start_time=result.start_time, end_time=result.end_time)
+    measured = dict(completion_tokens=completion, e2e_latency=result.e2e_latency if ok else None, ttft=ttft, tpot=tpot)
+    try:
+        return ThroughputRecord(**identity, **measured, error=result.error)
+    except SchemaError as exc:
+        return ThroughputRecord(**identity, **dict.fromkeys(measured), error=f"response outside the record: {exc}")
 
 
 def _mean(values: Sequence[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def summarize_level(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def summarize_level(records: Sequence[ThroughputRecord]) -> dict[str, Any]:
     """Throughput over the wall-clock span of the level's records, latency percentiles of the successes."""
-    ok = [r for r in records if not r.get("error")]
-    tokens = sum(r.get("completion_tokens") or 0 for r in ok)
-    span = (max(r["end_time"] for r in records) - min(r["start_time"] for r in records)) if records else 0.0
-    e2e = [r["e2e_latency"] for r in ok if r.get("e2e_latency") is not None]
+    ok = [r for r in records if not r.error]
+    tokens = sum(r.completion_tokens or 0 for r in ok)
+    span = (max(r.end_time for r in records) - min(r.start_time for r in records)) if records else 0.0
+    e2e = [r.e2e_latency for r in ok if r.e2e_latency is not None]
     pct = {f"e2e_p{q}": float(np.percentile(e2e, q)) if e2e else None for q in (50, 90, 99)}
     return {
         "requests": len(records),
@@ -83,8 +76,8 @@ def summarize_level(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "output_tokens": tokens,
         "duration_s": span,
         "output_tokens_per_s": tokens / span if span > 0 else None,
-        "mean_tpot": _mean([r["tpot"] for r in ok if r.get("tpot") is not None]),
-        "mean_ttft": _mean([r["ttft"] for r in ok if r.get("ttft") is not None]),
+        "mean_tpot": _mean([r.tpot for r in ok if r.tpot is not None]),
+        "mean_ttft": _mean([r.ttft for r in ok if r.ttft is not None]),
         **pct,
     }
 
@@ -108,21 +101,19 @@ async def run_throughput_async(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     levels = parse_int_list(concurrency, "concurrency")
-    variant = check_variant(variant if variant is not None else DEFAULT_VARIANT)
-    tags = check_tags(tags, RECORD_FIELDS)
+    variant = check_variant(variant if variant is not None else GREEDY_VARIANT)
     prompts = load_prompts(prompts_path)
     result: dict[str, Any] = {"levels": {}, "written": 0, "skipped": 0, "errors": 0, "out": str(out)}
-    with RecordWriter(out, [*tags, *KEY_FIELDS]) as writer:
+    with RecordLog(out, ThroughputRecord, tags or {}) as writer:
+        stored = {writer.key_of(r): r for r in writer.existing}
         for level in levels:
-            stored = {writer.key(r): r for r in writer.existing}
             todo, old = [], []
             for i in range(num_requests):
-                probe = {**tags, "concurrency": level, "request_index": i}
-                if writer.is_done(probe):
-                    old.append(stored[writer.key(probe)])
+                if writer.is_done(concurrency=level, request_index=i):
+                    old.append(stored[writer.key(concurrency=level, request_index=i)])
                 else:
                     todo.append(i)
-            new: list[dict[str, Any]] = []
+            new: list[ThroughputRecord] = []
             async with make_client(level) as client:
 
                 async def one(i: int, level: int = level, client: Any = client) -> None:
@@ -131,7 +122,7 @@ async def run_throughput_async(
                     payload = {"text": prompt.text, "sampling_params": sampling_params(variant, max_new_tokens, seed)}
                     if budget is not None:  # the server's per-request override (bounded by its --max-budget)
                         payload["budget"] = budget
-                    record = make_record(tags, level, i, prompt.id, await post_generate(client, url, payload))
+                    record = make_record(writer.tags, level, i, prompt.id, await post_generate(client, url, payload))
                     writer.write(record)
                     new.append(record)
 
@@ -167,8 +158,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", required=True, help='JSON lines {"id", "dataset", "text"}')
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
     parser.add_argument("--num-requests", type=int, default=16, help="requests per concurrency level")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--variant", default=json.dumps(DEFAULT_VARIANT),
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    parser.add_argument("--variant", default=json.dumps(dict(GREEDY_VARIANT)),
                         help="JSON object (inline or a file) {name, temperature, top_k, top_p}")
     parser.add_argument("--tags", default="{}", help="JSON object (inline or a file) copied into every record")
     parser.add_argument("--out", required=True, help="JSON-lines output (appended; reruns resume)")

@@ -77,8 +77,9 @@ def choose_method(batch: int, depth: int, vocab: int, budget: int, device: torch
     CUDA -> "batched" at every shape. On one H200 (V = 151,936, D = 15, bf16), with the Triton select step,
     beam and tree assembly, the graph-replayed batched build beat the heap in every cell of the issue's grid
     (B 1, 8, 32, 64 x budget 32, 64, 128, 256) and of B 1, 8, 64 x budget 32, 128, 256 in a second run; the
-    closest cells, B = 1 / budget 256: 0.45 vs 1.08 ms and 0.43 vs 0.76 ms (benchmarks/h200-2026-11-30-s4/).
-    With the earlier torch top-k glue the same cell was 0.73-0.91 vs 1.55-2.61 ms (h200-2026-11-30-s3/).
+    closest cells, B = 1 / budget 256: 0.45 vs 1.08 ms and 0.43 vs 0.76 ms (benchmarks/results/2026-11-30/h200-s4/).
+    With the earlier torch top-k glue the same cell was 0.73-0.91 vs 1.55-2.61 ms
+    (benchmarks/results/2026-11-30/h200-s3/).
     CPU (and other devices) -> "heap": the vocabulary step dominates both builders, and the eager beam's
     extra tensor ops never paid for themselves on CPU (B 1..64, budget 16..256, V = 4096, one thread).
     """

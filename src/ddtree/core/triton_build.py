@@ -351,7 +351,7 @@ GROUPED_SELECT_MAX_K = 256  # the top-k is sorted as K_PAD int64 keys in one pro
 GROUPED_SELECT_CHUNK = 32  # groups per chunk of the candidate loops (32 x 64 ids; 64 was slower on an H200)
 # Candidates >= T1 sorted directly, as a multiple of K_PAD. For logits of random rows about K + 10-20 values are
 # >= T1 (the ties at the K-th group maximum); heavily tied rows (e.g. rounded logits) take the counting path.
-GROUPED_SELECT_CAP_FACTOR = 2  # 2 beat 1 and 4 on an H200 (benchmarks/h200-2026-12-01-s5)
+GROUPED_SELECT_CAP_FACTOR = 2  # 2 beat 1 and 4 on an H200 (benchmarks/results/2026-12-01/h200-s5)
 
 
 def grouped_select_fits(vocab: int, k: int, group: int = 64) -> bool:

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The one list of decoding methods and of a round's timed stages; everything else reads these.
 METHODS = ("ar", "dflash", "ddtree")
 STAGES = ("draft", "tree_build", "tree_compile", "verify", "commit")
+# The one code default for a request's length (SGLang's /generate default): the engine, the server, the benchmark
+# clients, their command lines and the benchmark plan read it. Experiment configs set their own (config/config.yaml).
+DEFAULT_MAX_NEW_TOKENS = 128
 
 
 @dataclass
 class GenerationRequest:
     input_ids: list[int]
-    max_new_tokens: int = 128
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 0.0  # 0 = greedy
     top_k: int = -1  # <= 0: no top-k
     top_p: float = 1.0  # in (0, 1]

@@ -31,7 +31,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -398,6 +398,10 @@ def rollout_pool(
 # On CUDA the cache may also take up to half of the device memory free when it is built.
 POOL_FEATURE_CACHE_BYTES = 2 << 30
 
+# Continuation length of the offline T = 0 evaluation of a trained pair (the `acceptance_t0` metric of the shipped
+# manifests); a property of that metric, not a request default (that is engine.types.DEFAULT_MAX_NEW_TOKENS).
+EVAL_MAX_NEW_TOKENS = 64
+
 
 def _feature_cache_limit(device: torch.device) -> int:
     if device.type != "cuda":
@@ -611,7 +615,7 @@ def all_block_logits(drafter: DFlashDrafter, embed, head, seq: list[int], feats:
 
 @torch.no_grad()
 def evaluate_acceptance(
-    pair, prompts: list[dict], *, max_new_tokens: int = 64, budgets: Sequence[int] = (32,),
+    pair, prompts: list[dict], *, max_new_tokens: int = EVAL_MAX_NEW_TOKENS, budgets: Sequence[int] = (32,),
     num_prompts: int | None = 32, device: torch.device | str = "cpu", progress: bool = False,
     deadline: float | None = None,
 ) -> dict[str, Any]:
@@ -854,10 +858,3 @@ def train_pair(
         log.info("acceptance: %s", manifest["metrics"]["acceptance_t0"])
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
-
-
-def iter_jsonl(path: Path) -> Iterator[dict]:
-    with Path(path).open() as fh:
-        for line in fh:
-            if line.strip():
-                yield json.loads(line)

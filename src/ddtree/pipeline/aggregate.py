@@ -1,4 +1,4 @@
-"""Tidy tables from the benchmark records (JSON lines, shapes in docs/CONTRACTS.md).
+"""Tidy tables from the benchmark records (`ddtree.bench.schema.AcceptanceRecord` / `ThroughputRecord` lines).
 
 Every table carries the run keys (profile, pair, method, budget); `budget` is NaN for ar
 and dflash. Speedup follows the paper: mean per-response time per output token (prefill
@@ -7,33 +7,32 @@ excluded) of ar divided by that of the method, per (profile, pair, dataset, vari
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from ddtree.bench.schema import AcceptanceRecord, ThroughputRecord, read_plan, read_record_file
 from ddtree.pipeline.lossless import DEFAULT_ALPHA, acceptance_z_test, greedy_match, sampled_token_test
-from ddtree.pipeline.prompts import read_jsonl
 
 # verifier: "exact", or the lossy verifier of a power-panel run (records without it are "exact")
 RUN_KEYS = ["profile", "pair", "method", "budget", "verifier"]
 VARIANT_KEYS = ["variant", "temperature", "top_k", "top_p"]
-STAGES = ("draft", "tree_build", "tree_compile", "verify", "commit")
 
 
 def load_run_records(plan_paths: Iterable[str | Path]) -> tuple[list[dict], list[dict]]:
-    """Acceptance and throughput records of every plan; run tags from the plan fill gaps."""
+    """Acceptance and throughput records of every plan, read typed (each tagged with its plan's tags), as their
+    on-disk mappings; records of plans without a `verifier` tag are "exact"."""
     acceptance: list[dict] = []
     throughput: list[dict] = []
     for plan_path in plan_paths:
-        plan = json.loads(Path(plan_path).read_text())
-        tags = plan["tags"]
-        for key, sink in (("acceptance", acceptance), ("throughput", throughput)):
-            path = Path(plan["out"][key])
-            if path.is_file():
-                sink.extend({"verifier": "exact", **tags, **record} for record in read_jsonl(path))
+        plan = read_plan(plan_path)
+        for path, record_type, sink in ((plan.out.acceptance, AcceptanceRecord, acceptance),
+                                        (plan.out.throughput, ThroughputRecord, throughput)):
+            if path is not None and Path(path).is_file():
+                sink.extend({"verifier": "exact", **record.to_json()}
+                            for record in read_record_file(path, record_type, plan.tags))
     return acceptance, throughput
 
 

@@ -11,8 +11,18 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ddtree.bench.schema import (
+    AcceptancePhase,
+    BenchPlan,
+    PlanOutputs,
+    ServerSpec,
+    SglangBenchPhase,
+    ThroughputPhase,
+)
+from ddtree.engine.types import METHODS
+
 METHODS_WITH_BUDGET = ("ddtree",)
-_RUN_ID = re.compile(r"^(ar|dflash|ddtree)(?:-b(\d+))?$")
+_RUN_ID = re.compile(rf"^({'|'.join(METHODS)})(?:-b(\d+))?$")
 # A power-panel run: ddtree under a deliberately lossy verifier (ddtree.core.lossy_verifiers), e.g.
 # `ddtree-b16-lossy-greedy_accept`; it runs the acceptance phase only, on `lossless.power_panel.variants`.
 _LOSSY_RUN = re.compile(r"^(ddtree-b\d+)-lossy-([a-z_]+)$")
@@ -24,8 +34,8 @@ def run_id(method: str, budget: int | None) -> str:
         if budget is None or int(budget) < 1:
             raise ValueError(f"budget must be a positive integer for method {method!r}, got {budget!r}")
         return f"{method}-b{int(budget)}"
-    if method not in ("ar", "dflash"):
-        raise ValueError(f"method must be one of ar, dflash, ddtree; got {method!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     return method
 
 
@@ -44,7 +54,8 @@ def parse_run_id(run: str) -> tuple[str, int | None]:
     lossy = _LOSSY_RUN.match(run)
     match = _RUN_ID.match(lossy.group(1) if lossy else run)
     if match is None:
-        raise ValueError(f"run id {run!r} is not 'ar', 'dflash' or 'ddtree-b<budget>'")
+        names = [f"{m}-b<budget>" if m in METHODS_WITH_BUDGET else m for m in METHODS]
+        raise ValueError(f"run id {run!r} is not {', '.join(names[:-1])} or {names[-1]}")
     method, budget = match.group(1), match.group(2)
     if (method in METHODS_WITH_BUDGET) != (budget is not None):
         raise ValueError(f"run id {run!r}: only ddtree carries a budget")
@@ -180,8 +191,8 @@ def build_plan(
     num_prompts: int,
     out_dir: str,
     server_log: str,
-) -> dict[str, Any]:
-    """The `ddtree bench session` plan (schema in docs/CONTRACTS.md) for one benchmark run."""
+) -> BenchPlan:
+    """The `ddtree bench session` plan for one benchmark run."""
     if num_prompts < 1:
         raise ValueError(f"num_prompts must be at least 1, got {num_prompts}")
     method, budget = parse_run_id(run)
@@ -192,79 +203,73 @@ def build_plan(
     # ar and dflash ignore the budget; the server still gets a valid integer.
     server_budget = budget if budget is not None else int(min(config["budgets"] or [1]))
     extra_args = server_extra_args(profile) + (["--verifier", verifier] if verifier != "exact" else [])
-    variants = acceptance["variants"]
-    if verifier != "exact":
-        variants = config["lossless"]["power_panel"]["variants"]
-    plan: dict[str, Any] = {
-        "server": {
-            "engine": profile["engine"],
-            "model": str(model_dir),
-            "method": method,
-            "budget": server_budget,
-            "device": profile["device"],
-            "dtype": profile["dtype"],
-            "extra_args": extra_args,
-            "health_timeout_s": int(profile["health_timeout_s"]),
-            "log": str(server_log),
-        },
-        "prompts": str(prompts),
-        "acceptance": {
-            "variants": [variant_by_name(config, name) for name in variants],
-            "num_prompts": int(num_prompts),
-            "max_new_tokens": int(acceptance["max_new_tokens"]),
-            "samples_per_prompt": int(acceptance["samples_per_prompt"]),
+    lossy = verifier != "exact"  # a power-panel run measures acceptance only, on the panel's variants
+    variants = config["lossless"]["power_panel"]["variants"] if lossy else acceptance["variants"]
+    phase = ThroughputPhase(
+        concurrency=tuple(int(c) for c in throughput["concurrency"]),
+        num_requests=int(throughput["num_requests"]),
+        max_new_tokens=int(throughput["max_new_tokens"]),
+        variant=variant_by_name(config, throughput["variant"]),
+    )
+    # SGLang's own client on the throughput phase's requests (skipped where sglang is not installed)
+    sglang_bench = throughput.get("sglang_bench_serving", False)
+    records = out / "records"
+    return BenchPlan(
+        server=ServerSpec(
+            engine=profile["engine"],
+            model=str(model_dir),
+            method=method,
+            budget=server_budget,
+            device=profile["device"],
+            dtype=profile["dtype"],
+            extra_args=tuple(extra_args),
+            health_timeout_s=int(profile["health_timeout_s"]),
+            log=str(server_log),
+        ),
+        prompts=str(prompts),
+        acceptance=AcceptancePhase(
+            variants=tuple(variant_by_name(config, name) for name in variants),
+            num_prompts=int(num_prompts),
+            max_new_tokens=int(acceptance["max_new_tokens"]),
+            samples_per_prompt=int(acceptance["samples_per_prompt"]),
             # the run id enters every request seed: ar and each speculative run draw independent samples
-            "seed_salt": run,
-        },
-        "throughput": {
-            "concurrency": [int(c) for c in throughput["concurrency"]],
-            "num_requests": int(throughput["num_requests"]),
-            "max_new_tokens": int(throughput["max_new_tokens"]),
-            "variant": variant_by_name(config, throughput["variant"]),
-        },
-        "tags": {"profile": profile_name, "pair": pair, "method": method, "budget": budget, "verifier": verifier},
-        "out": {
-            # Records and the session's own summary (written however the session ends) are not
-            # Snakemake outputs: a failed or killed job keeps them and the rerun resumes. The
-            # workflow copies the summary to summary.json only when the session succeeded.
-            "acceptance": str(out / "records" / "acceptance.jsonl"),
-            "throughput": str(out / "records" / "throughput.jsonl"),
-            "summary": str(out / "records" / "session.json"),
-        },
-    }
-    if throughput.get("sglang_bench_serving", False):
-        # SGLang's own client on the throughput phase's requests (skipped where sglang is not installed)
-        plan["sglang_bench"] = {
-            "concurrency": plan["throughput"]["concurrency"],
-            "num_prompts": plan["throughput"]["num_requests"],
-            "output_len": plan["throughput"]["max_new_tokens"],
-            "variant": plan["throughput"]["variant"],
-        }
-        plan["out"]["sglang_bench"] = str(out / "records" / "sglang_bench.jsonl")
-    if verifier != "exact":  # the power panel measures acceptance only
-        del plan["throughput"]
-    return plan
+            seed_salt=run,
+        ),
+        throughput=None if lossy else phase,
+        sglang_bench=SglangBenchPhase(concurrency=phase.concurrency, num_prompts=phase.num_requests,
+                                      output_len=phase.max_new_tokens, variant=phase.variant) if sglang_bench else None,
+        tags={"profile": profile_name, "pair": pair, "method": method, "budget": budget, "verifier": verifier},
+        # Records and the session's own summary (written however the session ends) are not Snakemake outputs: a
+        # failed or killed job keeps them and the rerun resumes. The workflow copies the summary to summary.json
+        # only when the session succeeded.
+        out=PlanOutputs(
+            acceptance=str(records / "acceptance.jsonl"),
+            throughput=str(records / "throughput.jsonl"),
+            sglang_bench=str(records / "sglang_bench.jsonl") if sglang_bench else None,
+            summary=str(records / "session.json"),
+        ),
+    )
 
 
-def plan_fingerprint(plan: Mapping[str, Any], model_manifest: str | Path) -> str:
+def plan_fingerprint(plan: BenchPlan, model_manifest: str | Path) -> str:
     """Hash of what the records depend on: the plan and the model pair's manifest."""
     import hashlib
     import json
 
-    digest = hashlib.sha256(json.dumps(plan, sort_keys=True).encode())
+    digest = hashlib.sha256(json.dumps(plan.to_json(), sort_keys=True).encode())
     manifest = Path(model_manifest)
     digest.update(manifest.read_bytes() if manifest.is_file() else b"")
     return digest.hexdigest()
 
 
-def reset_stale_records(plan: Mapping[str, Any], fingerprint: str) -> list[str]:
+def reset_stale_records(plan: BenchPlan, fingerprint: str) -> list[str]:
     """Delete record files written for another plan or model; keep them (resume) otherwise.
 
     The fingerprint is stored beside the records; returns the paths that were removed.
     """
-    out = plan["out"]
-    records = [Path(out[k]) for k in ("acceptance", "throughput", "sglang_bench") if k in out]
-    stamp = records[0].parent / "fingerprint.txt" if records else Path(out["summary"]).parent / "fingerprint.txt"
+    out = plan.out
+    records = [Path(p) for p in (out.acceptance, out.throughput, out.sglang_bench) if p is not None]
+    stamp = records[0].parent / "fingerprint.txt" if records else Path(out.summary).parent / "fingerprint.txt"
     previous = stamp.read_text().strip() if stamp.is_file() else None
     removed: list[str] = []
     if previous != fingerprint:

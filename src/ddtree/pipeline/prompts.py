@@ -4,37 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
+
+from ddtree.jsonl import read_jsonl
 
 EMBEDDED_PROMPTS = Path("prompts") / "heldout.jsonl"
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a JSON-lines file; a truncated last line (a killed writer) is skipped."""
-    records: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as handle:
-        lines = handle.read().splitlines()
-    for number, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines) - 1:
-                break
-            raise ValueError(f"{path}: line {number + 1} is not valid JSON") from None
-    return records
-
-
-def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]]) -> int:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    count = 0
-    with open(path, "w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            count += 1
-    return count
 
 
 def load_embedded_prompts(pair_dir: str | Path, dataset: str) -> list[dict[str, Any]]:

@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ddtree.engine.types import METHODS, STAGES
 from ddtree.pipeline.conclusions import _exact
 
 TABLE_NAMES = ("acceptance", "accept_hist", "throughput", "stages", "speedup", "greedy_match", "sampling_test",
                "acceptance_test", "environment")
-STAGE_ORDER = ["draft", "tree_build", "tree_compile", "verify", "commit"]
 
 
 @dataclass
@@ -56,7 +56,7 @@ def _with_run(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _run_order(frame: pd.DataFrame) -> list[str]:
     runs = frame[["method", "budget", "run"]].drop_duplicates()
-    rank = {"ar": 0, "dflash": 1, "ddtree": 2}
+    rank = {method: i for i, method in enumerate(METHODS)}
     runs = runs.assign(_m=runs["method"].map(rank).fillna(3), _b=runs["budget"].fillna(-1))
     return list(runs.sort_values(["_m", "_b"])["run"])
 
@@ -249,8 +249,8 @@ def stages_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     per_run["ms_per_round"] = 1e3 * per_run["seconds"] / per_run["rounds"].replace(0, np.nan)
     wide = per_run.pivot(index="run", columns="stage", values="ms_per_round").fillna(0.0)
     wide = wide.reindex(index=[r for r in _run_order(stages) if r in wide.index],
-                        columns=[s for s in STAGE_ORDER if s in wide.columns] +
-                        [s for s in wide.columns if s not in STAGE_ORDER])
+                        columns=[s for s in STAGES if s in wide.columns] +
+                        [s for s in wide.columns if s not in STAGES])
     panel.table = wide.assign(total=wide.sum(axis=1)).rename_axis(columns=None).reset_index()  # ms per round
     plt, _ = _plt()
     fig, ax = plt.subplots(figsize=(8, 4))

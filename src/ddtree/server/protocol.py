@@ -14,9 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ddtree.engine.types import METHODS, GenerationRequest
+from ddtree.engine.types import DEFAULT_MAX_NEW_TOKENS, METHODS, GenerationRequest
 
-DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_N = 16  # samples per request (`n`), decoded one after another
 MAX_STOP_STRINGS = 32

@@ -25,6 +25,8 @@ from typing import Any
 
 import httpx
 
+from ddtree.engine.types import DEFAULT_MAX_NEW_TOKENS
+
 PROMPTS = (
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
     "The three primary colours of light are",
@@ -43,11 +45,12 @@ def _generate(url: str, prompt: str, params: dict[str, Any]) -> dict[str, Any]:
 def _serve(method: str, args: argparse.Namespace, extra: list[str], log_dir: Path, requests: list[dict]) -> list[dict]:
     """Start SGLang for `method`, run `requests` ({prompt, params}), stop it; the responses in order."""
     from ddtree.bench.http_client import wait_for_health
+    from ddtree.bench.schema import ServerSpec
     from ddtree.bench.session import free_port, server_command, start_server, stop_server
 
     port = free_port()
-    server = {"engine": "sglang", "model": args.model, "method": method, "budget": args.budget,
-              "device": "cuda", "extra_args": extra}
+    server = ServerSpec(engine="sglang", model=args.model, method=method, budget=args.budget, device="cuda",
+                        extra_args=tuple(extra))
     cmd = server_command(server, "127.0.0.1", port)
     print(f"[{method}] {' '.join(cmd)}", flush=True)
     log_path = log_dir / f"{method}.log"
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddtree.sglang.check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="pair directory (target/, drafter/) or target path")
     parser.add_argument("--budget", type=int, default=64, help="DDTree node budget (N = budget + 1)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument("--health-timeout-s", type=float, default=2400.0)
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- then SGLang server arguments for both servers")
