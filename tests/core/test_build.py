@@ -377,3 +377,18 @@ def test_cuda_capturable_build_verify_commit_in_one_callers_graph(dtype: torch.d
         want_done = commit(want, verify_greedy(want, target, max_depth=d))
         assert torch.equal(done.emitted_tokens, want_done.emitted_tokens)
         assert torch.equal(done.num_kept, want_done.num_kept)
+
+
+def test_flagged_build_is_the_build_and_flags_non_finite_logits():
+    from ddtree.core.build import build_tree_flagged
+
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn((3, 4, 50), generator=gen) * 3
+    tree, bad = build_tree_flagged(logits, 12)
+    want = build_tree(logits, 12)
+    assert not bool(bad)
+    for name in ("token_ids", "parents", "depths", "node_logws", "num_nodes"):
+        assert torch.equal(getattr(tree, name), getattr(want, name)), name
+    logits[1, 2, 7] = float("nan")
+    tree, bad = build_tree_flagged(logits, 12)  # reported, not raised
+    assert bool(bad) and tree.token_ids.shape == (3, 13)

@@ -167,3 +167,27 @@ def test_qkv_epilogue_equals_the_reference_projection(qk_norm, with_q):
     torch.testing.assert_close(k1, k0, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(v1, v0, atol=0, rtol=0)
     assert k1.abs().sum() > 0  # something was written
+
+
+def test_windowed_reference_equals_the_whole_capacity():
+    """The CPU reference reads rows [0, span): same output as over the whole slot, whose rows past the span hold
+    garbage (here: large random values) that nothing sees."""
+    from ddtree.engine.fast_model import Attention, Pointwise
+
+    gen = torch.Generator().manual_seed(3)
+    b, t, h, kv, d, s = 3, 6, 4, 2, 8, 64
+    parents = _random_tree_parents(b, t, gen)
+    vis = Visibility(context_len=torch.tensor([5, 17, 9]), own_start=torch.tensor([5, 17, 9]),
+                     own_mask=ancestor_mask(parents))
+    assert vis.span() == 23
+    q = torch.randn((b, t, h, d), generator=gen)
+    keys, values = torch.randn((b, kv, s, d), generator=gen) * 50, torch.randn((b, kv, s, d), generator=gen) * 50
+    positions = vis.rows()
+    cpu = torch.device("cpu")
+    whole = Attention("sdpa", h, kv, d, 10000.0, 1e-6, Pointwise.for_device(cpu), cpu)
+    windowed = Attention("sdpa", h, kv, d, 10000.0, 1e-6, Pointwise.for_device(cpu), cpu)
+    whole.windowed = False
+    assert windowed.windowed
+    full_inputs, window_inputs = whole.prepare(vis, positions, s, q.dtype), windowed.prepare(vis, positions, s, q.dtype)
+    assert (full_inputs.window, window_inputs.window) == (s, 23)
+    torch.testing.assert_close(windowed(q, keys, values, window_inputs), whole(q, keys, values, full_inputs))

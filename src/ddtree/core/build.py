@@ -586,6 +586,18 @@ def build_tree_capturable(draft_logits: torch.Tensor, budget: int) -> tuple[DDTr
     return _result(tensors), tensors[-1]
 
 
+def build_tree_flagged(draft_logits: torch.Tensor, budget: int) -> tuple[DDTreeBuildResult, torch.Tensor]:
+    """`build_tree` with the device's method, returned as (tree, bad) like `build_tree_capturable`, for eager
+    callers that report non-finite logits instead of raising (the batched engine off CUDA). One host read of
+    the finiteness flag; on nan or inf logits `bad` is True and the tree, built with zeros in their place, is
+    meaningless."""
+    logits, budget = _validate(draft_logits, budget, "auto")
+    bad = ~torch.isfinite(logits).all()
+    if bool(bad):
+        logits = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
+    return build_tree(logits, budget), bad
+
+
 def prepare_build(
     device: torch.device | str, dtype: torch.dtype, batch: int, depth: int, vocab: int, budget: int
 ) -> BuildPaths:

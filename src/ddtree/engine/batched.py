@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ddtree.core.attention import ancestor_mask
-from ddtree.core.build import build_tree_capturable, prepare_build
+from ddtree.core.build import build_tree_capturable, build_tree_flagged, prepare_build
 from ddtree.core.sampling import SamplingParams, processed_weights
 from ddtree.core.types import DDTreeBuildResult, VerifyResult
 from ddtree.core.verify import commit, edge_probs, prepare_verify, sample_from_probs_, verify_greedy, walk
@@ -155,6 +155,9 @@ class BatchedEngine:
         self.buckets = batch_buckets(self.max_batch)
         self.profile_stages = profile_stages
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
+        # the tree builder, chosen once: capture-safe stream work under graphs; eagerly, the device's fastest
+        # build (the per-request heap on the CPU: `core.build.choose_method`) with a host-read finiteness flag
+        self._build_ddtree = build_tree_capturable if self.use_graphs else build_tree_flagged
 
         m, dev = self.max_batch, self.device
         self.target_cache = target.allocate_cache(m, self.max_seq_len)
@@ -545,7 +548,7 @@ class BatchedEngine:
             def build() -> None:
                 draft_logits = self._draft_logits[b]  # the draft stage's (static, under graphs) output
                 if method == "ddtree":
-                    prog["tree"], prog["bad"] = build_tree_capturable(draft_logits, budget)
+                    prog["tree"], prog["bad"] = self._build_ddtree(draft_logits, budget)
                 else:
                     prog["tree"] = build_chain(draft_logits)
                     prog["bad"] = ~torch.isfinite(draft_logits).all()

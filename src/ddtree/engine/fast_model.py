@@ -132,6 +132,11 @@ class Visibility:
         t = self.own_mask.shape[1]
         return self.own_start.unsqueeze(1) + torch.arange(t, device=self.own_start.device)
 
+    def span(self) -> int:
+        """Rows [0, span) hold everything any token of the batch sees (one host read of the lengths)."""
+        t = self.own_mask.shape[1]
+        return int(torch.maximum(self.context_len, self.own_start + t).max())
+
     def dense(self, capacity: int) -> torch.Tensor:
         """[B, T, S] bool over the slot's S rows (the reference backend's mask)."""
         b, t, _ = self.own_mask.shape
@@ -165,7 +170,8 @@ class AttentionInputs:
     vis: Visibility
     positions: torch.Tensor  # [B, T]
     rows: torch.Tensor  # [B, T] cache row of each own token
-    bias: torch.Tensor | None = None  # [B, 1, g*T, S]
+    window: int  # the reference reads cache rows [0, window): the slot capacity, or the batch's span when windowed
+    bias: torch.Tensor | None = None  # [B, 1, g*T, window]
     cos: torch.Tensor | None = None  # [B, T, 1, d]
     sin: torch.Tensor | None = None
 
@@ -179,11 +185,17 @@ class Attention:
         self.backend, self.ops, self.eps = backend, ops, eps
         self.num_heads, self.num_kv_heads, self.head_dim, self.theta = num_heads, num_kv_heads, head_dim, theta
         self.inv_freq = rope_inv_freq(head_dim, theta, device)
+        # On the CPU (never graph-captured) the reference reads only the rows below the batch's span: the lengths
+        # are host memory there, so the read costs nothing, and a slot's capacity is mostly empty (the whole
+        # capacity made verify and draft 2x slower than the Hugging Face engine on the default pair). On CUDA the
+        # shapes stay static for graph capture and the Triton kernel skips invisible rows itself.
+        self.windowed = backend == "sdpa" and device.type == "cpu"
 
     def prepare(self, vis: Visibility, positions: torch.Tensor, capacity: int, dtype: torch.dtype) -> AttentionInputs:
-        inputs = AttentionInputs(vis=vis, positions=positions, rows=vis.rows())
+        window = min(capacity, vis.span()) if self.windowed else capacity
+        inputs = AttentionInputs(vis=vis, positions=positions, rows=vis.rows(), window=window)
         if self.backend == "sdpa":
-            inputs.bias = attention_bias(vis.dense(capacity), self.num_heads // self.num_kv_heads, dtype)
+            inputs.bias = attention_bias(vis.dense(window), self.num_heads // self.num_kv_heads, dtype)
             inputs.cos, inputs.sin = rope_tables(positions, self.head_dim, self.theta, dtype)
         return inputs
 
@@ -210,7 +222,8 @@ class Attention:
     def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                  inputs: AttentionInputs) -> torch.Tensor:
         if self.backend == "sdpa":
-            return grouped_attention(q, keys, values, inputs.bias)
+            window = inputs.window
+            return grouped_attention(q, keys[:, :, :window], values[:, :, :window], inputs.bias)
         from ddtree.engine.triton_attention import tree_attention
 
         vis = inputs.vis
@@ -466,8 +479,9 @@ def _fuse_into_views(weights: list[torch.Tensor]) -> torch.Tensor:
 
 class StaticDrafter:
     """The DFlash drafter (`ddtree.models.drafter.DFlashDrafter`, weights shared: q/k/v and gate/up fused into
-    views) over a `SlotCache` whose rows [0, S) hold context K/V at their positions and rows [S, S + b) the
-    current block's K/V."""
+    views) over a `SlotCache` whose rows hold context K/V at their positions, the current block's K/V in the b
+    rows right after the context (rows nothing sees until the next round's context overwrites them), and b
+    spare rows past the context capacity S for the block of a full slot."""
 
     def __init__(self, drafter: torch.nn.Module, *, attention: str = "auto") -> None:
         self.module = drafter
@@ -514,7 +528,7 @@ class StaticDrafter:
         # rows = positions: an own-token visibility starting at row positions[:, 0] (consecutive positions)
         vis = Visibility(context_len=zero, own_start=positions[:, 0].contiguous(),
                          own_mask=torch.ones((b, t, t), dtype=torch.bool, device=context.device))
-        inputs = AttentionInputs(vis=vis, positions=positions, rows=positions)
+        inputs = AttentionInputs(vis=vis, positions=positions, rows=positions, window=cache.capacity)  # no attention
         if self.attention.backend == "sdpa":
             inputs.cos, inputs.sin = rope_tables(positions, self.head_dim, self.theta, context.dtype)
         slots = slice(first_slot, first_slot + b)
@@ -530,10 +544,10 @@ class StaticDrafter:
         [0, context_len)). Returns final-normed hidden states [B, b, H]."""
         ops, eps, attn = self.ops, self.eps, self.attention
         b, length, _ = block_embeds.shape
-        capacity = cache.capacity - self.block_size
         x = block_embeds.to(self.module.fc.weight.dtype)
-        vis = Visibility(context_len=context_len,
-                         own_start=torch.full((b,), capacity, dtype=torch.int64, device=x.device),
+        # the block right after the context, as the target's tree after its committed rows: a windowed reference
+        # reads only [0, max context + b)
+        vis = Visibility(context_len=context_len, own_start=context_len,
                          own_mask=torch.ones((b, length, length), dtype=torch.bool, device=x.device))
         inputs = attn.prepare(vis, block_positions, cache.capacity, x.dtype)
         y = ops.norm(x, self.layers[0]["ln1"], eps)
