@@ -25,11 +25,24 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def request_keys(seed: torch.Tensor) -> torch.Tensor:
+    """seed [B] int64 -> the requests' coin keys [B] (a request's key is fixed: computed once, at admission)."""
+    return mix32(seed ^ mix32((seed >> 32) ^ 0x9E3779B9))
+
+
+def column_keys(width: int, device: torch.device) -> torch.Tensor:
+    """[width] int64: the per-column keys (fixed for a round width: computed once per width)."""
+    return mix32(torch.arange(width, device=device, dtype=torch.int64) ^ 0xC2B2AE35)
+
+
+def keyed_uniforms(keys: torch.Tensor, counter: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """keys [B] (`request_keys`), counter [B] int64, columns [W] (`column_keys`) -> coins [B, W] float32 in [0, 1)."""
+    round_key = mix32(keys ^ mix32(counter ^ 0x85EBCA6B)).unsqueeze(1)  # [B, 1]
+    bits = mix32(round_key ^ columns.unsqueeze(0))  # [B, W]
+    bits = mix32(bits ^ (round_key >> 7))
+    return (bits >> 8).to(torch.float32) * (1.0 / (1 << 24))
+
+
 def uniforms(seed: torch.Tensor, counter: torch.Tensor, width: int) -> torch.Tensor:
     """seed [B] int64, counter [B] int64 -> coins [B, width] float32 in [0, 1)."""
-    key = mix32(seed ^ mix32((seed >> 32) ^ 0x9E3779B9))  # [B]
-    round_key = mix32(key ^ mix32(counter ^ 0x85EBCA6B))  # [B]
-    cols = mix32(torch.arange(width, device=seed.device, dtype=torch.int64) ^ 0xC2B2AE35)  # [W]
-    bits = mix32(round_key.unsqueeze(1) ^ cols.unsqueeze(0))  # [B, W]
-    bits = mix32(bits ^ (round_key.unsqueeze(1) >> 7))
-    return (bits >> 8).to(torch.float32) * (1.0 / (1 << 24))
+    return keyed_uniforms(request_keys(seed), counter, column_keys(width, seed.device))
