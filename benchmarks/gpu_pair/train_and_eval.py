@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="held-out prompts of the teacher-forced evaluation; 0 = train only")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--budgets", default="16,32,64,128")
+    ap.add_argument("--max-minutes", type=float, default=None,
+                    help="wall-clock safety stop of the whole training (train_pair's max_minutes; the step "
+                         "schedule is unchanged unless it is reached, then the manifest says complete: false); "
+                         "default none")
     ap.add_argument("--eval-deadline-s", type=float, default=375.0,
                     help="no evaluation prompt starts after this many seconds of the script (the .sh kills "
                          "it at 400)")
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if pair_dir.exists():
         shutil.rmtree(pair_dir)
-    manifest = train_pair(pair_dir, size=size, seed=args.seed, device=device, progress=False, evaluate=False)
+    manifest = train_pair(pair_dir, size=size, seed=args.seed, device=device, max_minutes=args.max_minutes,
+                          progress=False, evaluate=False)
     shutil.copy(pair_dir / "train_log.jsonl", out / "train_log.jsonl")
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     tr = manifest["training"]
