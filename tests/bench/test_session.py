@@ -71,6 +71,8 @@ def test_session_runs_the_plan_and_stops_the_server(tiny_pair: Path, tmp_path: P
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "ok" and json.loads(stdout)["status"] == "ok"
     assert summary["acceptance"]["written"] == 1 and summary["throughput"]["written"] == 4
+    assert summary["cpus"] == os.cpu_count() and [s["at"] for s in summary["load"]] == ["acceptance", "throughput"]
+    assert all(s["load_1m"] >= 0 for s in summary["load"])
     assert summary["server_info"]["internal_states"][0]["avg_spec_accept_length"] >= 1.0
     assert len((tmp_path / "acc.jsonl").read_text().splitlines()) == 1
     assert len((tmp_path / "thr.jsonl").read_text().splitlines()) == 4

@@ -87,3 +87,26 @@ def test_crossover_and_power_panel_lines():
     lines, _ = conclusions.lossless_summary(build_tables(recs, [], positions=(1,)))
     assert any(line.startswith("Power panel: the deliberately lossy verifier `greedy_accept` is REJECTED")
                for line in lines)
+
+
+def _summary(method: str, budget: int | None, cpus: int, loads: tuple[float, float] | None) -> dict:
+    tags = {"profile": "cpu", "pair": "tiny", "method": method, "budget": budget, "verifier": "exact"}
+    out = {"plan": {"tags": tags}, "cpus": cpus}
+    if loads is not None:
+        out["load"] = [{"at": "acceptance", "load_1m": loads[0]}, {"at": "throughput", "load_1m": loads[1]}]
+    return out
+
+
+def test_a_busy_machine_is_warned_and_a_quiet_one_is_not(tables):
+    quiet = [_summary("ar", None, 2, (1.1, 1.4)), _summary("ddtree", 16, 2, (1.0, 1.3))]
+    busy = [_summary("ar", None, 2, (1.1, 1.4)), _summary("ddtree", 16, 2, (3.2, 2.9))]
+    old = [_summary("ar", None, 2, None)]  # a summary from before sessions recorded load: no row, no warning
+    for summaries, warned in ((quiet, False), (busy, True), (old, False)):
+        load = build_tables([], [], summaries=summaries)["machine_load"]
+        assert len(load) == sum("load" in s for s in summaries)
+        h = conclusions.header({**tables, "machine_load": load}, pd.DataFrame())
+        hits = [w for w in h.warnings if "machine was busy" in w]
+        assert bool(hits) == warned
+        if warned:
+            assert "1 of 2 runs" in hits[0] and "ddtree-b16" in hits[0] and "3.2 on 2 cores" in hits[0]
+            assert "ar" not in hits[0].split("(")[1].split(")")[0].split(", ")

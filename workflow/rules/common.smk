@@ -136,8 +136,7 @@ def all_summaries():
     return [p.replace("plan.json", "summary.json") for p in all_plans()]
 
 
-TABLES = ["acceptance", "accept_hist", "throughput", "stages", "speedup", "greedy_match", "sampling_test",
-          "acceptance_test", "environment"]
+TABLES = list(pipeline_config.TABLE_NAMES)
 
 
 def table_files():

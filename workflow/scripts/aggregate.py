@@ -6,7 +6,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir)))  # noqa: F821
 from _logging import to_log  # noqa: E402
 
-from ddtree.pipeline.aggregate import build_tables, load_run_records, write_tables  # noqa: E402
+from ddtree.pipeline.aggregate import build_tables, load_run_records, load_summaries, write_tables  # noqa: E402
 
 log = to_log(snakemake.log[0])  # noqa: F821
 acceptance, throughput = load_run_records(snakemake.input.plans)  # noqa: F821
@@ -14,6 +14,7 @@ log.info("%d acceptance and %d throughput records", len(acceptance), len(through
 tables = build_tables(
     acceptance,
     throughput,
+    summaries=load_summaries(snakemake.input.summaries),  # noqa: F821
     positions=tuple(snakemake.params.positions),  # noqa: F821
     alpha=float(snakemake.params.alpha),  # noqa: F821
 )

@@ -212,6 +212,13 @@ def signals_ignored() -> contextlib.AbstractContextManager[None]:
 # ---------------------------------------------------------------- session
 
 
+def note_load(summary: dict[str, Any], at: str) -> None:
+    """Append the machine's 1-minute load average at the end of a timed phase to summary["load"] (with the core
+    count): timings taken with more runnable processes than cores are inflated, and the report says so."""
+    summary.setdefault("cpus", os.cpu_count())
+    summary.setdefault("load", []).append({"at": at, "load_1m": round(os.getloadavg()[0], 2)})
+
+
 def run_phases(plan: BenchPlan, url: str, summary: dict[str, Any]) -> None:
     if (acc := plan.acceptance) is not None:
         summary["acceptance"] = run_acceptance(
@@ -219,11 +226,13 @@ def run_phases(plan: BenchPlan, url: str, summary: dict[str, Any]) -> None:
             samples_per_prompt=acc.samples_per_prompt, tags=plan.tags, out=plan.out.acceptance,
             concurrency=acc.concurrency, seed_salt=acc.seed_salt,
         )
+        note_load(summary, "acceptance")
     if (thr := plan.throughput) is not None:
         summary["throughput"] = run_throughput(
             url, plan.prompts, concurrency=thr.concurrency, num_requests=thr.num_requests,
             max_new_tokens=thr.max_new_tokens, variant=thr.variant, tags=plan.tags, out=plan.out.throughput,
         )
+        note_load(summary, "throughput")
     if (sgl := plan.sglang_bench) is not None:  # optional: SGLang's own client on the same prompts and lengths
         summary["sglang_bench"] = run_sglang_bench(
             url, plan.prompts, concurrency=sgl.concurrency, num_prompts=sgl.num_prompts, output_len=sgl.output_len,

@@ -7,6 +7,7 @@ excluded) of ar divided by that of the method, per (profile, pair, dataset, vari
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -278,10 +279,33 @@ def acceptance_test_table(records: Sequence[Mapping[str, Any]], *, alpha: float 
     return frame
 
 
+def machine_load_table(summaries: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Per run: the machine's cores and its 1-minute load average at the end of each timed phase (the session
+    summary's `load`), with their maximum. Summaries written before sessions recorded load give no row."""
+    columns = [*RUN_KEYS, "cpus", "load_acceptance", "load_throughput", "load_max"]
+    rows = []
+    for summary in summaries:
+        samples = {s["at"]: float(s["load_1m"]) for s in summary.get("load") or []}
+        if not samples:
+            continue
+        tags = summary.get("plan", {}).get("tags", {})
+        rows.append({**_run_keys(tags), "cpus": summary.get("cpus"), "load_acceptance": samples.get("acceptance"),
+                     "load_throughput": samples.get("throughput"), "load_max": max(samples.values())})
+    frame = pd.DataFrame(rows, columns=columns)
+    frame["budget"] = pd.to_numeric(frame["budget"], errors="coerce")
+    return frame
+
+
+def load_summaries(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """The benchmark sessions' summary JSON files that exist."""
+    return [json.loads(Path(p).read_text(encoding="utf-8")) for p in paths if Path(p).is_file()]
+
+
 def build_tables(
     acceptance_records: Sequence[Mapping[str, Any]],
     throughput_records: Sequence[Mapping[str, Any]],
     *,
+    summaries: Sequence[Mapping[str, Any]] = (),
     positions: Sequence[int] = (0, 1, 2, 3),
     alpha: float = DEFAULT_ALPHA,
 ) -> dict[str, pd.DataFrame]:
@@ -295,6 +319,7 @@ def build_tables(
         "greedy_match": greedy_match_table(acceptance_records),
         "sampling_test": sampling_test_table(acceptance_records, positions=positions, alpha=alpha),
         "acceptance_test": acceptance_test_table(acceptance_records, alpha=alpha),
+        "machine_load": machine_load_table(summaries),
     }
 
 

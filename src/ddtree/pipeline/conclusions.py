@@ -198,12 +198,30 @@ def lossless_summary(tables: dict[str, pd.DataFrame]) -> tuple[list[str], list[s
     return lines, warnings
 
 
+def load_warnings(tables: dict[str, pd.DataFrame]) -> list[str]:
+    """A warning when a run was timed with more runnable processes than cores (1-minute load average above the
+    core count at the end of a timed phase): its times per token, and every speedup built on them, are inflated."""
+    frame = tables.get("machine_load", pd.DataFrame())
+    if frame.empty:
+        return []
+    busy = frame[frame["load_max"] > frame["cpus"]]
+    if busy.empty:
+        return []
+    runs = ", ".join(sorted({f"{m}" + (f"-b{int(b)}" if b == b else "") + ("" if v == "exact" else f" ({v})")
+                             for m, b, v in zip(busy["method"], busy["budget"], busy["verifier"])}))
+    worst = busy.loc[busy["load_max"].idxmax()]
+    return [f"The machine was busy while {len(busy)} of {len(frame)} runs were timed ({runs}): the 1-minute load "
+            f"average reached {worst['load_max']:.1f} on {int(worst['cpus'])} cores. Times per token and the "
+            "speedups may be inflated, and unevenly between runs; tau, acceptance and the losslessness tests do not "
+            "depend on load. Rerun on a quiet machine to compare speeds."]
+
+
 def header(tables: dict[str, pd.DataFrame], environment: pd.DataFrame) -> Header:
     """Warnings and conclusions of one profile's report."""
     table = conclusions_table(tables)
     pairs = sorted(set(tables.get("acceptance", pd.DataFrame()).get("pair", [])))
     out = Header(table=table)
-    out.warnings += pair_warnings(environment, pairs) + error_warnings(tables)
+    out.warnings += pair_warnings(environment, pairs) + error_warnings(tables) + load_warnings(tables)
     for row in table.itertuples(index=False):
         r = pd.Series(row._asdict())
         vs_dflash = "" if math.isnan(r["speedup_vs_dflash"]) else (

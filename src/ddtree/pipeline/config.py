@@ -22,6 +22,9 @@ from ddtree.bench.schema import (
 from ddtree.engine.types import METHODS
 
 METHODS_WITH_BUDGET = ("ddtree",)
+# The tidy tables under results/tables/ (the aggregate job writes all but `environment`; the report reads them all).
+TABLE_NAMES = ("acceptance", "accept_hist", "throughput", "stages", "speedup", "greedy_match", "sampling_test",
+               "acceptance_test", "machine_load", "environment")
 _RUN_ID = re.compile(rf"^({'|'.join(METHODS)})(?:-b(\d+))?$")
 # A power-panel run: ddtree under a deliberately lossy verifier (ddtree.core.lossy_verifiers), e.g.
 # `ddtree-b16-lossy-greedy_accept`; it runs the acceptance phase only, on `lossless.power_panel.variants`.

@@ -17,9 +17,8 @@ import pandas as pd
 
 from ddtree.engine.types import METHODS, STAGES
 from ddtree.pipeline.conclusions import _exact
+from ddtree.pipeline.config import TABLE_NAMES
 
-TABLE_NAMES = ("acceptance", "accept_hist", "throughput", "stages", "speedup", "greedy_match", "sampling_test",
-               "acceptance_test", "environment")
 
 
 @dataclass
