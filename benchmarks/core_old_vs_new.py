@@ -13,7 +13,8 @@ Prints one table, per (B, budget): batched build ms old / new / new over old, au
 verify ms ratios, `agree` (heap == batched == auto == eager inside each version) and `same` (the old and new
 trees are identical). Writes $OUT/core_old_vs_new.json and every process's raw JSON under $OUT/raw/.
 On one H200 the default grid (B 1, 8, 32, 64 x budget 32, 64, 128, 256) took about 3-4 minutes in an earlier
-session; on a fresh machine (cold Triton cache) one B = 1 process ran past 240 s, so give it --timeout 500 or split
+session; on a fresh machine one B = 1 process ran past 240 s (why is not known: a cold Triton cache is a guess),
+so give it --timeout 500 or split
 the batch sizes over calls. Each process logs to raw/<version>_b<B>.log as it runs; one stopped at --timeout is
 reported with the cells it finished and the table keeps the cells both versions measured.
 """
