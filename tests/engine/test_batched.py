@@ -134,3 +134,23 @@ def test_cuda_graph_rounds_equal_eager_rounds(tiny_pair, prompts, method, budget
         if not sampling:
             c = reference.generate_batch(requests, method=method, budget=budget)
             assert [x.output_ids for x in a] == [x.output_ids for x in c]
+
+
+def test_the_ar_draw_is_the_root_only_walk():
+    """`ar` rounds draw the root's token directly (no walk): the same token as the root-only tree's sample-and-walk
+    with the same coin, for greedy and sampled rows side by side."""
+    from ddtree.core.sampling import SamplingParams
+    from ddtree.engine.batched import _root_tree, pick_tokens, sample_and_walk
+    from ddtree.engine.rng import column_keys, keyed_uniforms, request_keys
+
+    gen = torch.Generator().manual_seed(11)
+    b, vocab = 6, 300
+    params = SamplingParams(temperature=torch.tensor([0.0, 1.0, 0.7, 1.0, 0.3, 1.0]),
+                            top_k=torch.tensor([-1, -1, 20, -1, -1, 5]), top_p=torch.tensor([1.0, 1.0, 1.0, 0.9, 1.0, 0.8]))
+    keys = request_keys(torch.arange(b, dtype=torch.int64) * 7919)
+    for counter in range(40):
+        logits = torch.randn((b, 1, vocab), generator=gen) * 4
+        coins = keyed_uniforms(keys, torch.full((b,), counter, dtype=torch.int64), column_keys(1, torch.device("cpu")))
+        walked, _ = sample_and_walk(_root_tree(b, torch.device("cpu")), logits, params, coins, 0)
+        assert torch.equal(pick_tokens(logits[:, 0], params, coins), walked.bonus_token)
+        assert walked.accept_len.eq(0).all()

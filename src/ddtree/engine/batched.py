@@ -620,6 +620,9 @@ class BatchedEngine:
             params = self._variant_params(b, variant)
             columns = column_keys(n, self.device)
 
+        if depth == 0:  # ar: no tree to walk; the round's token is the root's draw (same coin, same token)
+            return self._draw_fn(prog, params, columns if params is not None else None)
+
         def walk_fn() -> None:
             tree: DDTreeBuildResult = prog["tree"]
             logits = prog["logits"]
@@ -636,6 +639,23 @@ class BatchedEngine:
             result["expected"].copy_(res.expected_accept_len)
 
         return walk_fn
+
+    def _draw_fn(self, prog: dict[str, Any], params: SamplingParams | None,
+                 columns: torch.Tensor | None) -> Callable[[], None]:
+        """The `ar` round's verify: the root's token alone (argmax, or an inverse-CDF draw with the row's coin),
+        without the walk, the edge probabilities and the entropy a tree needs (0.25 ms of a 3 ms CPU step)."""
+        b, result = prog["bucket"], prog["result"]
+
+        def draw_fn() -> None:
+            root = prog["logits"][:, 0]  # [B, V]
+            if params is None:
+                result["bonus"].copy_(root.argmax(dim=-1))
+            else:
+                coins = keyed_uniforms(self.coin_key[:b], self.counter[:b], columns)  # [B, 1]
+                result["bonus"].copy_(pick_tokens(root, params, coins))
+
+        # accepted drafts, accepted nodes (the root) and expectations stay 0 (zeros from `_new_program`)
+        return draw_fn
 
     def _variant_params(self, b: int, variant: Variant) -> SamplingParams:
         """SamplingParams over the static per-row buffers whose host flags (greedy rows possible, top-k width,
