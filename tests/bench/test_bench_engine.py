@@ -61,3 +61,32 @@ def test_bench_engine_runs_and_writes_json(untrained_pair, tmp_path, capsys):
     assert all(r["tau"] >= 1.0 for r in rows)
     assert [r["speedup"] for r in rows if r["method"] == "ar"] == [1.0, 1.0]
     assert len(payload["records"]) == 2 * 2 * 4
+
+
+def test_cost_model_runs_every_cell_on_cpu(tmp_path):
+    """`--random-weights` end to end on the CPU with the test shape: every (batch, method) cell timed, its stages
+    and its floor recorded (values are machine-dependent: only their presence and sign are checked)."""
+    from ddtree.cli import main
+
+    out = tmp_path / "cost.json"
+    assert main(["bench", "engine", "--random-weights", "test-tiny", "--device", "cpu", "--rounds", "2",
+                 "--budgets", "4", "--batch-sizes", "1,2", "--prompt-tokens", "16", "--profile-kernels", "2",
+                 "--json-out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["batch"], r["method"]) for r in rows} == {(b, m) for b in (1, 2) for m in ("ar", "dflash", "ddtree")}
+    for r in rows:
+        assert r["round_ms"] > 0 and r["floor_ms"] > 0 and set(r["stage_ms"]) == set(STAGES)
+        assert r["kernels"] and r["kernels"][0]["name"].startswith("(all ")
+
+
+def test_gpu_pair_shape_is_the_gpu_preset():
+    from ddtree.bench.cost_model import SHAPES
+    from ddtree.models.sizes import get_size
+
+    shape, drafter = SHAPES["gpu-pair"]
+    size = get_size("gpu")
+    assert (shape.num_layers, shape.hidden_size, shape.intermediate_size, shape.vocab_size) == (
+        size.target_layers, size.hidden_size, size.target_intermediate, size.vocab_size)
+    assert (shape.num_heads, shape.num_kv_heads, shape.head_dim) == (size.num_heads, size.num_kv_heads, size.head_dim)
+    assert drafter == {"layers": size.drafter_layers, "block_size": size.block_size,
+                       "target_layer_ids": list(size.target_layer_ids)}

@@ -41,6 +41,22 @@ SHAPES: dict[str, tuple[DecoderShape, dict[str, Any]]] = {
 }
 
 
+def embedded_pair_shape(size_name: str) -> tuple[DecoderShape, dict[str, Any]]:
+    """The target / drafter shape of an embedded pair preset (`ddtree.models.sizes`): a trained pair's rounds cost
+    what random weights of its shape cost, so its stages and kernels can be profiled without training it."""
+    from ddtree.models.sizes import get_size
+
+    size = get_size(size_name)
+    shape = DecoderShape(size.target_layers, size.hidden_size, size.target_intermediate, size.num_heads,
+                         size.num_kv_heads, size.head_dim, size.vocab_size, True, False, 1e-6, size.rope_theta,
+                         size.max_position_embeddings)
+    return shape, {"layers": size.drafter_layers, "block_size": size.block_size,
+                   "target_layer_ids": list(size.target_layer_ids)}
+
+
+SHAPES["gpu-pair"] = embedded_pair_shape("gpu")  # the `gpu` preset (benchmarks/gpu_pair/)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the cost-model mode (added to `ddtree bench engine`)."""
     parser.add_argument("--random-weights", default=None, choices=sorted(SHAPES),
