@@ -1,23 +1,33 @@
 """Throughput against concurrency through the reference server: `ar`, `dflash` and `ddtree` at each budget
 (issue 12: 8 concurrent requests, and the sweep over 1, 2, 4, 8, 16 with the best budget per level).
 
-One server per method (`ddtree serve`, continuous batching up to --max-batch, CUDA graphs of every batch
-bucket and every swept budget captured at start); the ddtree budgets go to one server as per-request
-overrides. Each level sends max(--min-requests, 2 x concurrency) requests of --max-new-tokens tokens
-(EOS ignored, so every request decodes the same length) after one untimed warm-up level. Writes
-$OUT/sweep_records.jsonl (one record per request, `ddtree bench throughput`'s), $OUT/sweep.json and
-$OUT/sweep.txt: output tokens/s per (method, budget, T, concurrency), the best ddtree budget per level and
-the ratios over dflash and ar.
+One server per method (`ddtree serve --log-level info`, continuous batching up to --max-batch, CUDA graphs of
+every batch bucket and every swept budget captured at start; its log shows each captured program's seconds);
+the ddtree budgets go to one server as per-request overrides. After one untimed warm-up level per (budget, T),
+each (method, budget, T, concurrency) level sends a first batch of max(--min-requests, 2 x concurrency) requests
+of --max-new-tokens tokens (EOS ignored, so every request decodes the same length); while the last batch lasted
+under --min-seconds, it sends a larger one sized from that batch's rate (whole waves of `concurrency`, at most
+--max-requests in the level) and reports the last batch alone (one span of steady traffic; the requests before
+it are its probes). --time-budget-s (seconds from the sweep's start) stops it starting a server or a level that
+would not fit, so it ends with what it has instead of being killed; the summary marks cells not measured.
 
-    python3 benchmarks/gpu_pair/serve_sweep.py --pair /tmp/gpu-pair            # one H200
+Writes $OUT/sweep_records.jsonl (one record per request, `ddtree bench throughput`'s; the reported batch is the
+level's records from `first_request_index` on), $OUT/server_<method>.log, and after every level $OUT/sweep.json
+(each server's start-up seconds; per level its reported requests and seconds, the probes', the batches) and
+$OUT/sweep.txt: start-ups, output tokens/s per (method, budget, T, concurrency), the best ddtree budget per
+level and the ratios over dflash and ar, then one line per level.
+
+    python3 benchmarks/gpu_pair/serve_sweep.py --pair /tmp/gpu-pair --methods ddtree,dflash,ar \\
+        --budgets 16,32,64 --min-seconds 5 --time-budget-s 570                # one H200: under `timeout 585`
     python3 benchmarks/gpu_pair/serve_sweep.py --pair PAIR --device cpu --dtype float32 --concurrency 1,2 \\
-        --budgets 8 --max-new-tokens 16 --min-requests 2                       # a CPU check of the script
+        --budgets 4 --max-new-tokens 16 --min-requests 2 --min-seconds 1       # a CPU check of the script
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -28,68 +38,190 @@ from ddtree.bench.http_client import wait_for_health
 from ddtree.bench.session import free_port, start_server, stop_server
 from ddtree.bench.throughput import run_throughput
 
+MARGIN = 1.5  # a short probe runs below the steady rate (ramp-up): a batch sized to just --min-seconds falls short
+RESERVE_S = 15.0  # kept back from --time-budget-s: stopping a server (10 s SIGTERM grace) and the summary
+
 
 def variant(temperature: float) -> dict[str, Any]:
     return {"name": "greedy" if temperature == 0 else f"t{temperature:g}", "temperature": temperature,
             "top_k": -1, "top_p": 1.0}
 
 
-def sweep_server(args: argparse.Namespace, method: str, budgets: list[int | None], out: Path,
-                 rows: list[dict[str, Any]]) -> None:
-    port = free_port()
-    top = max((b for b in budgets if b is not None), default=1)
-    cmd = [sys.executable, "-m", "ddtree.cli", "serve", "--model", args.pair, "--method", method,
-           "--budget", str(top), "--max-budget", str(top), "--max-batch", str(args.max_batch),
-           "--max-seq-len", str(args.max_seq_len), "--device", args.device, "--dtype", args.dtype,
-           "--port", str(port), "--log-level", "warning"]
-    if method == "ddtree":
-        cmd += ["--warmup-budgets", ",".join(str(b) for b in budgets)]
-    t0 = time.perf_counter()
-    server = start_server(cmd, out / f"server_{method}.log", port=port)
-    try:
-        wait_for_health(server.url, args.health_timeout_s, process=server.process, log_path=server.log_path)
-        print(f"{method} server ready in {time.perf_counter() - t0:.1f} s", flush=True)
-        levels = [int(c) for c in args.concurrency.split(",")]
-        for temperature in [float(t) for t in args.temperatures.split(",")]:
-            for budget in budgets:
-                tags = {"method": method, "budget": budget or 0, "temperature": temperature}
-                run_throughput(server.url, args.prompts, concurrency=[max(levels)], num_requests=max(levels),
-                               max_new_tokens=args.max_new_tokens, variant=variant(temperature),
-                               tags={**tags, "warmup": True}, out=out / "warmup.jsonl", budget=budget)
-                for level in levels:
-                    n = max(args.min_requests, 2 * level)
-                    result = run_throughput(server.url, args.prompts, concurrency=[level], num_requests=n,
-                                            max_new_tokens=args.max_new_tokens, variant=variant(temperature),
-                                            tags=tags, out=out / "sweep_records.jsonl", budget=budget)
-                    s = result["levels"][level]
-                    row = {**tags, "concurrency": level, **{k: s[k] for k in (
-                        "requests", "errors", "output_tokens", "duration_s", "output_tokens_per_s", "mean_tpot",
-                        "mean_ttft")}}
-                    rows.append(row)
-                    print(f"  {method:<6} budget {budget or '-':>4} T={temperature:g} c={level:>2}: "
-                          f"{row['output_tokens_per_s'] or 0:9.1f} tok/s, TPOT "
-                          f"{1e3 * (row['mean_tpot'] or 0):7.2f} ms, errors {row['errors']}", flush=True)
-                    (out / "sweep.json").write_text(json.dumps({"rows": rows}, indent=1) + "\n")
-    finally:
-        stop_server(server)
+def next_batch(concurrency: int, batches: list[tuple[int, float]], *, min_requests: int, min_seconds: float,
+               max_requests: int, seconds_left: float = math.inf) -> int:
+    """Requests of a level's next batch, 0 when the level is done. `batches`: (requests, seconds) so far.
+
+    The first is max(min_requests, 2 x concurrency). While the last lasted under min_seconds, the next is sized
+    from its request rate to last MARGIN x min_seconds, in whole waves of `concurrency`, cut to what
+    max_requests (over the level) and seconds_left allow; a cut below the first batch's size is not run."""
+    floor = max(min_requests, 2 * concurrency)
+    left = max_requests - sum(n for n, _ in batches)
+    if not batches:
+        return max(min(floor, left), 0)
+    n, seconds = batches[-1]
+    if seconds >= min_seconds:
+        return 0
+    rate = n / max(seconds, 1e-6)
+    want = math.ceil(rate * min_seconds * MARGIN / concurrency) * concurrency
+    size = int(min(want, left, rate * max(seconds_left, 0.0)))
+    return size if size >= floor else 0
 
 
-def summary_table(rows: list[dict[str, Any]]) -> str:
+class Sweep:
+    """The sweep's state: rows, servers' start-ups, the --time-budget-s deadline; rewrites its outputs."""
+
+    def __init__(self, args: argparse.Namespace, out: Path) -> None:
+        self.args, self.out = args, out
+        self.t0 = time.monotonic()
+        self.rows: list[dict[str, Any]] = []
+        self.servers: dict[str, dict[str, Any]] = {}
+        self.stopped: str | None = None  # why levels were left out (the time budget), None when all ran
+        self.level_estimate_s = MARGIN * args.min_seconds  # refreshed by each level's measured wall time
+
+    def seconds_left(self) -> float:
+        if self.args.time_budget_s is None:
+            return math.inf
+        return self.args.time_budget_s - (time.monotonic() - self.t0) - RESERVE_S
+
+    def fits(self, what: str, seconds: float) -> bool:
+        """Whether `what` (taking about `seconds`) fits the time budget; records the first that does not."""
+        if seconds <= self.seconds_left():
+            return True
+        self.stopped = self.stopped or (f"time budget: {what} (~{seconds:.0f} s) not started at "
+                                        f"{time.monotonic() - self.t0:.0f} s of {self.args.time_budget_s:g} s")
+        return False
+
+    def write(self) -> str:
+        text = report(self.rows, self.servers, self.plan(), self.stopped)
+        doc = {"args": vars(self.args), "elapsed_s": time.monotonic() - self.t0, "stopped": self.stopped,
+               "servers": self.servers, "rows": self.rows}
+        (self.out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (self.out / "sweep.txt").write_text(text + "\n")
+        return text
+
+    def plan(self) -> dict[str, list[Any]]:
+        a = self.args
+        return {"methods": a.methods.split(","), "budgets": [int(b) for b in a.budgets.split(",")],
+                "temperatures": [float(t) for t in a.temperatures.split(",")],
+                "levels": [int(c) for c in a.concurrency.split(",")]}
+
+    def run_level(self, url: str, tags: dict[str, Any], level: int, budget: int | None) -> dict[str, Any]:
+        """Batches of one level until the last lasts --min-seconds (see next_batch); a row of the last one."""
+        a, t = self.args, time.perf_counter()
+        batches: list[tuple[int, float]] = []
+        summary: dict[str, Any] = {}
+        while n := next_batch(level, batches, min_requests=a.min_requests, min_seconds=a.min_seconds,
+                              max_requests=a.max_requests, seconds_left=self.seconds_left()):
+            done = sum(b for b, _ in batches)
+            # same tags and a larger total: run_throughput skips the stored requests and summarises only the new
+            result = run_throughput(url, a.prompts, concurrency=[level], num_requests=done + n,
+                                    max_new_tokens=a.max_new_tokens, variant=variant(tags["temperature"]),
+                                    tags=tags, out=self.out / "sweep_records.jsonl", budget=budget)
+            summary = {**result["levels"][level], "first_request_index": done}
+            batches.append((summary["requests"], summary["duration_s"]))
+        seconds = time.perf_counter() - t
+        self.level_estimate_s = max(seconds, MARGIN * a.min_seconds)
+        return {**tags, "concurrency": level, **{k: summary.get(k) for k in (
+            "requests", "errors", "output_tokens", "duration_s", "output_tokens_per_s", "mean_tpot", "mean_ttft",
+            "e2e_p50", "e2e_p90", "first_request_index")},
+            "short": (summary.get("duration_s") or 0) < a.min_seconds, "batches": batches,
+            "level_requests": sum(n for n, _ in batches), "level_seconds": seconds}
+
+    def run_server(self, method: str, budgets: list[int | None]) -> None:
+        a, plan = self.args, self.plan()
+        if not self.fits(f"the {method} server", self.level_estimate_s):
+            return
+        port = free_port()
+        top = max((b for b in budgets if b is not None), default=1)
+        cmd = [sys.executable, "-m", "ddtree.cli", "serve", "--model", a.pair, "--method", method,
+               "--budget", str(top), "--max-budget", str(top), "--max-batch", str(a.max_batch),
+               "--max-seq-len", str(a.max_seq_len), "--device", a.device, "--dtype", a.dtype,
+               "--port", str(port), "--log-level", "info"]  # info: the engine's warm-up lines, one per program
+        if method == "ddtree":
+            cmd += ["--warmup-budgets", ",".join(str(b) for b in budgets)]
+        info: dict[str, Any] = self.servers.setdefault(method, {"log": f"server_{method}.log", "startup_s": None})
+        t0 = time.perf_counter()
+        server = start_server(cmd, self.out / info["log"], port=port)
+        try:
+            # a start that cannot leave time for one level is cut here, not by the command's timeout
+            wait = min(a.health_timeout_s, self.seconds_left() - self.level_estimate_s)
+            try:
+                wait_for_health(server.url, max(wait, 1.0), process=server.process, log_path=server.log_path)
+            except (RuntimeError, TimeoutError) as exc:
+                info["error"] = str(exc).splitlines()[0]
+                print(f"{method} server not ready: {info['error']}", flush=True)
+                return
+            info["startup_s"] = time.perf_counter() - t0
+            print(f"{method} server ready in {info['startup_s']:.1f} s", flush=True)
+            self.write()
+            top_level = max(plan["levels"])
+            for temperature in plan["temperatures"]:
+                for budget in budgets:
+                    tags = {"method": method, "budget": budget or 0, "temperature": temperature}
+                    if not self.fits(f"{method} budget {budget or '-'} T={temperature:g}", self.level_estimate_s):
+                        return
+                    run_throughput(server.url, a.prompts, concurrency=[top_level], num_requests=top_level,
+                                   max_new_tokens=a.max_new_tokens, variant=variant(temperature),
+                                   tags={**tags, "warmup": True}, out=self.out / "warmup.jsonl", budget=budget)
+                    for level in plan["levels"]:
+                        if not self.fits(f"{method} budget {budget or '-'} T={temperature:g} c={level}",
+                                         self.level_estimate_s):
+                            return
+                        row = self.run_level(server.url, tags, level, budget)
+                        self.rows.append(row)
+                        print(f"  {method:<6} budget {budget or '-':>4} T={temperature:g} c={level:>2}: "
+                              f"{row['output_tokens_per_s'] or 0:9.1f} tok/s, TPOT {1e3 * (row['mean_tpot'] or 0):7.2f}"
+                              f" ms, {row['requests']} requests in {row['duration_s'] or 0:.2f} s (level "
+                              f"{row['level_requests']} in {row['level_seconds']:.1f} s), errors {row['errors']}",
+                              flush=True)
+                        self.write()
+        finally:
+            stop_server(server)
+
+
+MISSING = "missing"  # a planned cell with no measurement (a time-budget stop, a server that did not start)
+
+
+def summary_table(rows: list[dict[str, Any]], plan: dict[str, list[Any]]) -> str:
+    """Tokens/s per planned (T, concurrency): ar, dflash, every ddtree budget and the best; unplanned methods '-'."""
+    fmt = lambda x: MISSING if x is None else f"{x:.1f}"  # noqa: E731
+    ratio = lambda a, b: "-" if a is None or not b else f"{a / b:.2f}x"  # noqa: E731
     lines = [f"{'T':>4} {'conc':>5} {'ar tok/s':>9} {'dflash':>9} {'best ddtree':>12} {'budget':>7} "
              f"{'/dflash':>8} {'/ar':>6}   ddtree tok/s per budget"]
-    keys = sorted({(r["temperature"], r["concurrency"]) for r in rows})
-    for temperature, level in keys:
-        at = [r for r in rows if r["temperature"] == temperature and r["concurrency"] == level]
-        rate = lambda m: next((r["output_tokens_per_s"] for r in at if r["method"] == m), None)  # noqa: E731
-        trees = sorted((r for r in at if r["method"] == "ddtree"), key=lambda r: r["budget"])
-        best = max(trees, key=lambda r: r["output_tokens_per_s"] or 0, default=None)
-        ar, dflash = rate("ar"), rate("dflash")
-        b_rate = best["output_tokens_per_s"] if best else None
-        fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
-        ratio = lambda a, b: "-" if a is None or not b else f"{a / b:.2f}x"  # noqa: E731
-        per = " ".join(f"{r['budget']}:{fmt(r['output_tokens_per_s'])}" for r in trees)
-        lines.append(f"{temperature:>4g} {level:>5} {fmt(ar):>9} {fmt(dflash):>9} {fmt(b_rate):>12} "
-                     f"{best['budget'] if best else '-':>7} {ratio(b_rate, dflash):>8} {ratio(b_rate, ar):>6}   {per}")
+    for temperature in plan["temperatures"]:
+        for level in plan["levels"]:
+            at = {(r["method"], r["budget"]): r["output_tokens_per_s"] for r in rows
+                  if r["temperature"] == temperature and r["concurrency"] == level}
+            rate = lambda m: at.get((m, 0)) if m in plan["methods"] else None  # noqa: E731
+            cell = lambda m: fmt(rate(m)) if m in plan["methods"] else "-"  # noqa: E731
+            trees = {b: at.get(("ddtree", b)) for b in plan["budgets"]} if "ddtree" in plan["methods"] else {}
+            best = max((b for b in trees if trees[b] is not None), key=lambda b: trees[b] or 0, default=None)
+            b_rate = trees[best] if best is not None else None
+            per = " ".join(f"{b}:{fmt(x)}" for b, x in trees.items())
+            lines.append(f"{temperature:>4g} {level:>5} {cell('ar'):>9} {cell('dflash'):>9} "
+                         f"{fmt(b_rate) if trees else '-':>12} {best if best is not None else '-':>7} "
+                         f"{ratio(b_rate, rate('dflash')):>8} {ratio(b_rate, rate('ar')):>6}   {per}")
+    return "\n".join(lines)
+
+
+def report(rows: list[dict[str, Any]], servers: dict[str, dict[str, Any]], plan: dict[str, list[Any]],
+           stopped: str | None) -> str:
+    """sweep.txt: start-ups, the summary table, one line per measured level, why the sweep stopped early."""
+    def start(m: str) -> str:
+        seconds = servers.get(m, {}).get("startup_s")
+        return f"{seconds:.1f} s" if seconds is not None else "not ready" if m in servers else "not started"
+
+    lines = ["server start-up: " + ", ".join(f"{m} {start(m)}" for m in plan["methods"]), "",
+             summary_table(rows, plan), "",
+             f"{'method':<7} {'budget':>6} {'T':>4} {'conc':>5} {'requests':>8} {'seconds':>8} {'tok/s':>9} "
+             f"{'TPOT ms':>8} {'errors':>6}   level (probes included)"]
+    for r in rows:
+        lines.append(f"{r['method']:<7} {r['budget'] or '-':>6} {r['temperature']:>4g} {r['concurrency']:>5} "
+                     f"{r['requests'] or 0:>8} {r['duration_s'] or 0:>8.2f} {r['output_tokens_per_s'] or 0:>9.1f} "
+                     f"{1e3 * (r['mean_tpot'] or 0):>8.2f} {r['errors'] or 0:>6}   {r['level_requests']} requests "
+                     f"in {r['level_seconds']:.1f} s{' (short of --min-seconds)' if r['short'] else ''}")
+    if stopped:
+        lines += ["", f"stopped early ({stopped}); cells marked {MISSING} were not measured"]
     return "\n".join(lines)
 
 
@@ -102,24 +234,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperatures", default="0")
     ap.add_argument("--methods", default="ar,dflash,ddtree")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--min-requests", type=int, default=16)
+    ap.add_argument("--min-requests", type=int, default=16, help="a level's first batch: max(this, 2 x concurrency)")
+    ap.add_argument("--min-seconds", type=float, default=3.0, help="the reported batch of a level lasts at least this")
+    ap.add_argument("--max-requests", type=int, default=2000, help="at most this many requests in one level")
+    ap.add_argument("--time-budget-s", type=float, default=None,
+                    help="seconds from the start: no server or level is started that would not fit")
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--max-seq-len", type=int, default=2048)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--health-timeout-s", type=float, default=300.0)
     args = ap.parse_args(argv)
+    if args.min_requests < 1 or args.max_requests < 1 or args.min_seconds < 0:
+        ap.error("--min-requests and --max-requests must be >= 1, --min-seconds >= 0")
     args.prompts = args.prompts or str(Path(args.pair) / "prompts" / "heldout.jsonl")
     out = Path(os.environ.get("OUT") or "results/serve_sweep")
     out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = []
-    budgets = [int(b) for b in args.budgets.split(",")]
-    for method in args.methods.split(","):
-        sweep_server(args, method, budgets if method == "ddtree" else [None], out, rows)
-    text = summary_table(rows)
-    (out / "sweep.txt").write_text(text + "\n")
-    print(text)
-    return 0
+    sweep = Sweep(args, out)
+    budgets = sweep.plan()["budgets"]
+    for method in sweep.plan()["methods"]:
+        sweep.run_server(method, budgets if method == "ddtree" else [None])
+    print(sweep.write())
+    return 1 if any(s["startup_s"] is None for s in sweep.servers.values()) else 0
 
 
 if __name__ == "__main__":

@@ -205,8 +205,12 @@ class BatchedEngine:
         for method, budget in pairs:
             for bucket in (buckets or self.buckets):
                 for variant in variants:
+                    t = time.perf_counter()
                     with torch.no_grad():
                         self._program(bucket, method, self._effective_budget(method, budget), variant)
+                    # one line a program, so a slow start shows which capture (or kernel compile) took the time
+                    log.info("round program %s budget %d bucket %d %s: %.2f s", method,
+                             self._effective_budget(method, budget), bucket, variant[0], time.perf_counter() - t)
         self._reset_rows(range(len(self._active), self.max_batch))
         log.info("round programs ready for %s, buckets %s (%.1f s)", pairs, self.buckets, time.perf_counter() - t0)
 
