@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download (here, where PyPI is reachable) the server's packages that the H200 image lacks, as Python 3.12
 # x86-64 wheels into .whl/ (git-ignored; fastapi 0.165 imports opentelemetry-api at start). A device call then carries .whl and installs them first (see
-# h200_pair_call.sh). The image has anyio, h11, click, httpx and annotated-doc already (device KINDS.md).
+# h200_pair_sweep_call.sh). The image has anyio, h11, click, httpx and annotated-doc already (device KINDS.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -77,6 +77,7 @@ def test_cost_model_runs_every_cell_on_cpu(tmp_path):
     for r in rows:
         assert r["round_ms"] > 0 and r["floor_ms"] > 0 and set(r["stage_ms"]) == set(STAGES)
         assert r["kernels"] and r["kernels"][0]["name"].startswith("(all ")
+        assert 0 <= r["walk_ms"] <= r["stage_ms"]["verify"] and 0 < r["own_work_share"] < 1
 
 
 def test_gpu_pair_shape_is_the_gpu_preset():

@@ -224,12 +224,14 @@ def _measure(engine, target: FusedDecoder, drafter, args: argparse.Namespace, sh
                 times.append(1e3 * (time.perf_counter() - t))
             engine.profile_stages = True
             stage_ms = dict.fromkeys(STAGES, 0.0)
+            walk_ms = 0.0  # inside `verify`; timed apart for the round's own-work share
             probe_rounds = 5
             for _ in range(probe_rounds):
                 before = dict(engine._active[0].stage_times)
                 engine.step()
                 for s in STAGES:
                     stage_ms[s] += 1e3 * (engine._active[0].stage_times[s] - before[s]) / probe_rounds
+                walk_ms += 1e3 * engine.round_profile.get("walk", 0.0) / probe_rounds
             engine.profile_stages = False
             kernels = _top_kernels(engine, args.profile_kernels) if args.profile_kernels else []
             engine.cancel_all(RuntimeError("benchmark cell done"))
@@ -245,6 +247,10 @@ def _measure(engine, target: FusedDecoder, drafter, args: argparse.Namespace, sh
                    "stage_ms": stage_ms, "capture_s": capture_s}
             row["over_floor"] = row["round_ms"] / floor
             row["host_share"] = 1 - sum(stage_ms.values()) / row["round_ms"] if row["round_ms"] else math.nan
+            # the round's own work besides the forwards (issue 12: build + compile + walk + commit <= 5% of it)
+            row["walk_ms"] = walk_ms
+            own = stage_ms["tree_build"] + stage_ms["tree_compile"] + walk_ms + stage_ms["commit"]
+            row["own_work_share"] = own / sum(stage_ms.values()) if sum(stage_ms.values()) else math.nan
             row["kernels"] = kernels
             rows.append(row)
             print(_format_row(row), flush=True)
@@ -275,16 +281,18 @@ def _top_kernels(engine, top: int, rounds: int = 5) -> list[dict[str, Any]]:
 def _format_row(r: dict[str, Any]) -> str:
     stages = " ".join(f"{s}={r['stage_ms'][s]:.3f}" for s in STAGES)
     return (f"{r['attention']:<6} B={r['batch']:<3} {r['method']:<6} budget={r['budget']:<4} round {r['round_ms']:.3f} ms "
-            f"(p90 {r['round_ms_p90']:.3f}), floor {r['floor_ms']:.3f} ms, x{r['over_floor']:.2f} | {stages}")
+            f"(p90 {r['round_ms_p90']:.3f}), floor {r['floor_ms']:.3f} ms, x{r['over_floor']:.2f} | {stages} "
+            f"(walk {r['walk_ms']:.3f}; build + compile + walk + commit {100 * r['own_work_share']:.1f}%)")
 
 
 def _format_table(rows: list[dict[str, Any]], ar_ms: dict[int, float], taus: list[float]) -> str:
     head = ["attention", "B", "method", "budget", "round_ms", "floor_ms", "x_floor"] + [f"{s}_ms" for s in STAGES] + \
-           [f"speedup@tau={t:g}" for t in taus]
+           ["walk_ms", "own_%"] + [f"speedup@tau={t:g}" for t in taus]
     lines = []
     for r in rows:
         line = [r["attention"], str(r["batch"]), r["method"], str(r["budget"]), f"{r['round_ms']:.3f}", f"{r['floor_ms']:.3f}",
-                f"{r['over_floor']:.2f}"] + [f"{r['stage_ms'][s]:.3f}" for s in STAGES]
+                f"{r['over_floor']:.2f}"] + [f"{r['stage_ms'][s]:.3f}" for s in STAGES] + \
+               [f"{r['walk_ms']:.3f}", f"{100 * r['own_work_share']:.1f}"]
         ar = ar_ms.get((r["attention"], r["batch"]))
         for tau in taus:
             line.append("-" if ar is None or r["method"] == "ar" else f"{tau * ar / r['round_ms']:.2f}x")

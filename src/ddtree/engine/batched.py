@@ -154,6 +154,7 @@ class BatchedEngine:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.buckets = batch_buckets(self.max_batch)
         self.profile_stages = profile_stages
+        self.round_profile: dict[str, float] = {}  # the last profiled round: seconds per stage object
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         # the tree builder, chosen once: capture-safe stream work under graphs; eagerly, the device's fastest
         # build (the per-request heap on the CPU: `core.build.choose_method`) with a host-read finiteness flag
@@ -390,7 +391,8 @@ class BatchedEngine:
             for stage in stages:
                 stage()
             return {}
-        times = dict.fromkeys(STAGES, 0.0)
+        # seconds per stage object (the walk apart from the forward: `round_profile`), then summed per STAGES name
+        parts: dict[str, float] = {}
         if self.device.type == "cuda":
             events = [torch.cuda.Event(enable_timing=True) for _ in range(len(stages) + 1)]
             events[0].record()
@@ -399,14 +401,18 @@ class BatchedEngine:
                 event.record()
             events[-1].synchronize()
             for stage, start, end in zip(stages, events, events[1:]):
-                times[program["stage_names"][stage.name]] += start.elapsed_time(end) / 1000.0
-            return times
-        last = time.perf_counter()
-        for stage in stages:
-            stage()
-            now = time.perf_counter()
-            times[program["stage_names"][stage.name]] += now - last
-            last = now
+                parts[stage.name] = parts.get(stage.name, 0.0) + start.elapsed_time(end) / 1000.0
+        else:
+            last = time.perf_counter()
+            for stage in stages:
+                stage()
+                now = time.perf_counter()
+                parts[stage.name] = parts.get(stage.name, 0.0) + now - last
+                last = now
+        self.round_profile = parts
+        times = dict.fromkeys(STAGES, 0.0)
+        for name, seconds in parts.items():
+            times[program["stage_names"][name]] += seconds
         return times
 
     def _finish_rows(self, rows: list[int]) -> list[_Active]:
