@@ -7,6 +7,7 @@ itself (`Visibility.dense`) is checked against a per-element definition on the C
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -66,20 +67,9 @@ CASES = [
 ]
 
 
-@needs_kernel
-@pytest.mark.parametrize("splits", [None, 1, 3])
-@pytest.mark.parametrize("b,t,h,kv,d,capacity,kind", CASES)
-def test_kernel_equals_reference(b, t, h, kv, d, capacity, kind, splits, monkeypatch):
-    if splits is not None:  # force the one-program path and an uneven multi-split path on every case
-        chosen = triton_attention.launch_shape
-
-        def forced(*args):
-            block_m, block_n, _ = chosen(*args)
-            return block_m, block_n, splits
-
-        monkeypatch.setattr(triton_attention, "launch_shape", forced)
+def _case_inputs(b, t, h, kv, d, capacity, kind, dtype=torch.float32):
+    """(q, keys, values, vis) of one CASES row, on DEVICE."""
     gen = torch.Generator().manual_seed(b * 1000 + t)
-    dtype = torch.float32
     keys = torch.randn((b, kv, capacity, d), generator=gen).to(DEVICE, dtype)
     values = torch.randn((b, kv, capacity, d), generator=gen).to(DEVICE, dtype)
     # q as the engine passes it: a per-head view of a wider q/k/v projection (strided rows)
@@ -98,10 +88,59 @@ def test_kernel_equals_reference(b, t, h, kv, d, capacity, kind, splits, monkeyp
         own_start = context.clone()
         own_mask = ancestor_mask(_random_tree_parents(b, t, gen))
     vis = Visibility(context_len=context.to(DEVICE), own_start=own_start.to(DEVICE), own_mask=own_mask.to(DEVICE))
-    got = triton_attention.tree_attention(q, keys, values, vis.context_len, vis.own_start, vis.own_mask)
+    return q, keys, values, vis
+
+
+@needs_kernel
+@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("b,t,h,kv,d,capacity,kind", CASES)
+def test_kernel_equals_reference(b, t, h, kv, d, capacity, kind, splits):
+    q, keys, values, vis = _case_inputs(b, t, h, kv, d, capacity, kind)
+    launch = None
+    if splits is not None:  # force the one-program path and an uneven multi-split path on every case
+        launch = replace(triton_attention.launch_shape(b, kv, (h // kv) * t, capacity, DEVICE), splits=splits)
+    got = triton_attention.tree_attention(q, keys, values, vis.context_len, vis.own_start, vis.own_mask, launch)
     want = _reference(q, keys, values, vis)
     assert got.shape == want.shape == (b, t, h * d)
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+LAUNCHES = [  # (block_m, block_n, splits, num_warps, num_stages): direct and merged, small and large tiles
+    (16, 16, 1, 4, 2),
+    (32, 64, 1, 8, 3),
+    (64, 32, 1, 4, 1),
+    (16, 32, 2, 4, 2),
+    (32, 16, 5, 8, 1),
+    (64, 128, 4, 4, 3),
+    (16, 64, 8, 2, 2),  # more splits than key tiles: empty splits merge to nothing
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("launch", LAUNCHES, ids=lambda x: "-".join(map(str, x)))
+@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[5]], ids=lambda c: f"{c[-1]}{c[1]}")
+def test_explicit_launch_equals_reference(case, launch):
+    b, t, h, kv, d, capacity, kind = case
+    q, keys, values, vis = _case_inputs(b, t, h, kv, d, capacity, kind)
+    got = triton_attention.tree_attention(q, keys, values, vis.context_len, vis.own_start, vis.own_mask,
+                                          launch=triton_attention.Launch(*launch))
+    torch.testing.assert_close(got, _reference(q, keys, values, vis), atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("field,kwargs", [
+    ("block_m", dict(block_m=8)), ("block_m", dict(block_m=48)), ("block_n", dict(block_n=24)),
+    ("block_n", dict(block_n=0)), ("splits", dict(splits=0)), ("splits", dict(splits=2.0)),
+    ("num_warps", dict(num_warps=3)), ("num_stages", dict(num_stages=0)),
+])
+def test_bad_launch_names_the_field(field, kwargs):
+    good = dict(block_m=16, block_n=32, splits=2, num_warps=4, num_stages=2)
+    with pytest.raises(ValueError, match=f"Launch.{field}"):
+        triton_attention.Launch(**{**good, **kwargs})
+    if triton_attention.available(DEVICE):  # a non-Launch override is refused before anything launches
+        q, keys, values, vis = _case_inputs(*CASES[0])
+        with pytest.raises(ValueError, match="launch must be a Launch"):
+            triton_attention.tree_attention(q, keys, values, vis.context_len, vis.own_start, vis.own_mask,
+                                            launch=(16, 32, 1))
 
 
 @needs_kernel
@@ -129,10 +168,12 @@ def test_kernel_ignores_rows_it_must_not_see():
 def test_launch_shape_fills_the_grid_and_is_bounded():
     if not triton_attention.HAS_TRITON:
         pytest.skip("needs triton")
-    block_m, block_n, splits = triton_attention.launch_shape(1, 8, 4, 4096, torch.device("cpu"))
-    assert block_m == 16 and splits == 1  # 4 "SMs" off CUDA: 8 tiles already fill them
-    assert triton_attention.launch_shape(1, 1, 4, 4096, torch.device("cpu"))[2] == 8
-    assert triton_attention.launch_shape(1, 1, 4, 64, torch.device("cpu"))[2] == 2  # no more splits than key tiles
+    cpu = torch.device("cpu")
+    # 4 "SMs" off CUDA: 8 tiles already fill them
+    assert triton_attention.launch_shape(1, 8, 4, 4096, cpu) == triton_attention.Launch(16, 32, 1, 4, 2)
+    assert triton_attention.launch_shape(1, 1, 4, 4096, cpu).splits == 8
+    assert triton_attention.launch_shape(1, 1, 4, 64, cpu).splits == 2  # no more splits than key tiles
+    assert triton_attention.launch_shape(1, 8, 1028, 1488, cpu) == triton_attention.Launch(64, 64, 1)
 
 
 @needs_kernel

@@ -21,6 +21,7 @@ g + g - 1 share K/V head kvh (Hugging Face's repeat_kv order).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -42,21 +43,46 @@ def available(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
-def launch_shape(batch: int, kv_heads: int, query_rows: int, capacity: int, device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, SPLITS) for a forward: query blocks of the g*T rows of one K/V head, key tiles, and
-    enough key splits that the grid fills the GPU twice over (fixed by shapes, so graph-capturable)."""
+@dataclass(frozen=True)
+class Launch:
+    """Launch parameters of `tree_attention`: query rows per program (BLOCK_M), key tile (BLOCK_N), programs
+    per key range (SPLITS; 1 writes the output directly, more go through the log-sum-exp merge), Triton's
+    num_warps / num_stages. Checked on construction, so a bad override fails before anything compiles."""
+
+    block_m: int
+    block_n: int
+    splits: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "splits", "num_warps", "num_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Launch.{name} must be a positive int, got {value!r}")
+        # tl.arange and tl.dot need power-of-two tiles of at least 16; Triton needs power-of-two warp counts
+        for name, low in (("block_m", 16), ("block_n", 16), ("num_warps", 1)):
+            value = getattr(self, name)
+            if value < low or value & (value - 1):
+                raise ValueError(f"Launch.{name} must be a power of two >= {low}, got {value}")
+
+
+def launch_shape(batch: int, kv_heads: int, query_rows: int, capacity: int, device: torch.device) -> Launch:
+    """The default launch of a forward: query blocks of the g*T rows of one K/V head, key tiles, and enough
+    key splits that the grid fills the GPU twice over (fixed by shapes, so graph-capturable)."""
     block_m = 16 if query_rows <= 16 else (32 if query_rows <= 32 else 64)
     block_n = 32 if query_rows <= 16 else 64
     tiles = batch * kv_heads * triton.cdiv(query_rows, block_m)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     splits = max(1, min(64, (2 * sms) // max(tiles, 1), triton.cdiv(capacity, block_n)))
-    return block_m, block_n, splits
+    return Launch(block_m, block_n, splits)
 
 
 def tree_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, context_len: torch.Tensor,
-                   own_start: torch.Tensor, own_mask: torch.Tensor) -> torch.Tensor:
+                   own_start: torch.Tensor, own_mask: torch.Tensor, launch: Launch | None = None) -> torch.Tensor:
     """q [B, T, h, d]; keys / values [B, h_kv, S, d]; context_len / own_start [B] int64; own_mask [B, T, T]
-    bool (query token i sees own token j). Returns [B, T, h * d] in q's dtype."""
+    bool (query token i sees own token j); launch overrides `launch_shape` (benchmarks, tests). Returns
+    [B, T, h * d] in q's dtype."""
     b, t, h, d = q.shape
     kv, capacity = keys.shape[1], keys.shape[2]
     g = h // kv
@@ -65,7 +91,11 @@ def tree_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, co
         raise ValueError("tree_attention: the head dimension must be contiguous")
     if d not in (16, 32, 64, 128, 256):
         raise ValueError(f"tree_attention: head_dim {d} is not a power of two in [16, 256]")
-    block_m, block_n, splits = launch_shape(b, kv, rows, capacity, q.device)
+    if launch is None:
+        launch = launch_shape(b, kv, rows, capacity, q.device)
+    elif not isinstance(launch, Launch):
+        raise ValueError(f"tree_attention: launch must be a Launch, got {type(launch).__name__}")
+    block_m, splits = launch.block_m, launch.splits
     mask = own_mask.contiguous().view(torch.uint8)  # bool -> bytes, no copy when already contiguous
     out = torch.empty((b, t, h, d), device=q.device, dtype=q.dtype)
     direct = splits == 1
@@ -82,8 +112,9 @@ def tree_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, co
         values.stride(0), values.stride(1), values.stride(2),
         mask.stride(0), mask.stride(1),
         t, kv, 1.0 / math.sqrt(d),
-        G=g, D=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits, DIRECT=direct,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
+        G=g, D=d, BLOCK_M=block_m, BLOCK_N=launch.block_n, SPLITS=splits, DIRECT=direct,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
     )
     if not direct:
         _merge_splits[(b * kv, m_blocks)](part, lse, out, t, kv, G=g, D=d, BLOCK_M=block_m, SPLITS=splits,
