@@ -10,9 +10,9 @@ export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton_c
 OUT=${OUT:-results/h200_s8_a}; R="$OUT/a"; mkdir -p "$R"
 python3 benchmarks/versions.py > "$R/versions.txt" 2>&1; nvidia-smi -L >> "$R/versions.txt" 2>&1
 timeout -k 5 "${T_TESTS:-170}" python3 -m pytest -q -p no:cacheprovider tests/core/test_build_sampling.py \
-    tests/engine/test_triton_attention.py > "$R/pytest_sampling_attention.txt" 2>&1
+    tests/engine/test_triton_attention.py tests/core/test_triton_verify.py > "$R/pytest_sampling_attention.txt" 2>&1
 echo "pytest build_sampling + triton_attention rc=$?"; tail -2 "$R/pytest_sampling_attention.txt"
-timeout -k 5 "${T_TESTS_B:-90}" python3 -m pytest -q -p no:cacheprovider tests/engine/test_batched.py -k "cuda or graph" \
+timeout -k 5 "${T_TESTS_B:-90}" python3 -m pytest -q -p no:cacheprovider tests/engine/test_batched.py -k "cuda or graph or lazy" \
     > "$R/pytest_batched.txt" 2>&1
 echo "pytest batched rc=$?"; tail -2 "$R/pytest_batched.txt"
 timeout -k 5 "${T_COST:-150}" python3 -m ddtree.cli bench engine --random-weights gpu-pair --budgets 16,32,64,128 \

@@ -154,3 +154,46 @@ def test_the_ar_draw_is_the_root_only_walk():
         walked, _ = sample_and_walk(_root_tree(b, torch.device("cpu")), logits, params, coins, 0)
         assert torch.equal(pick_tokens(logits[:, 0], params, coins), walked.bonus_token)
         assert walked.accept_len.eq(0).all()
+
+
+def _lazy_walk_runs() -> bool:
+    try:
+        from ddtree.core.triton_verify import lazy_walk_usable
+    except ImportError:
+        return False
+    return lazy_walk_usable(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+@pytest.mark.skipif(not _lazy_walk_runs(), reason="the Triton lazy walk needs CUDA, or TRITON_INTERPRET=1")
+def test_lazy_walk_makes_the_torch_walks_draws():
+    """Temperature-only sampled rounds on CUDA take the Triton lazy walk: with the same per-depth coins it accepts
+    the same nodes and draws the same bonus as the torch sample-and-walk (greedy and sampled rows side by side),
+    with the same expectation and root entropy. Draws could differ only where a coin falls within fp32 rounding
+    of a CDF boundary, which these continuous coins do not hit."""
+    from ddtree.core.build import build_tree
+    from ddtree.core.sampling import SamplingParams
+    from ddtree.engine.batched import lazy_sample_and_walk, sample_and_walk
+    from ddtree.engine.rng import column_keys, keyed_uniforms, request_keys
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    gen = torch.Generator().manual_seed(5)
+    b, depth, vocab, budget = 4, 3, 48, 10
+    temperature = torch.tensor([0.0, 1.0, 0.6, 1.4], device=dev)
+    params = SamplingParams(temperature=temperature)
+    keys = request_keys(torch.arange(b, dtype=torch.int64, device=dev) * 31 + 1)
+    columns = column_keys(depth + 1, dev)
+    for counter in range(12):
+        draft = torch.randn((b, depth, vocab), generator=gen).to(dev) * 2
+        tree = build_tree(draft, budget, method="heap")
+        # target rows sharpened towards the draft's tokens, so that walks go deep
+        logits = torch.randn((b, budget + 1, vocab), generator=gen).to(dev)
+        logits.scatter_add_(2, tree.token_ids.clamp_min(0)[:, :, None].expand(b, budget + 1, 1).roll(-1, 1),
+                            torch.full((b, budget + 1, 1), 3.0, device=dev))
+        coins = keyed_uniforms(keys, torch.full((b,), counter, dtype=torch.int64, device=dev), columns)
+        torch_res, torch_h = sample_and_walk(tree, logits, params, coins, depth)
+        lazy_res, lazy_h = lazy_sample_and_walk(tree, logits, temperature, coins, depth)
+        assert torch.equal(torch_res.accept_len, lazy_res.accept_len)
+        assert torch.equal(torch_res.accepted_nodes, lazy_res.accepted_nodes)
+        assert torch.equal(torch_res.bonus_token, lazy_res.bonus_token)
+        torch.testing.assert_close(torch_res.expected_accept_len, lazy_res.expected_accept_len, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(torch_h, lazy_h, rtol=1e-4, atol=1e-4)

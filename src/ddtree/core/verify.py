@@ -271,7 +271,7 @@ def _verify_lazy(
     the logits are finite but x / T overflows fp32 (the caller then takes the torch path); raises the usual
     ValueError on non-finite logits. validate=False reads nothing on the host (never returns None).
     """
-    from ddtree.core.triton_verify import lazy_walk, scaled_row_lse_and_min
+    from ddtree.core.triton_verify import scaled_row_lse_and_min
 
     batch = target_logits.shape[0]
     greedy, inv_t = _inverse_temperatures(params, batch, target_logits.device)  # [B] each
@@ -280,6 +280,23 @@ def _verify_lazy(
         check_all_finite("target_logits", target_logits)  # raises unless only x / T overflowed
         return None
     uniforms = torch.rand((batch, depth + 1), generator=generator, device=target_logits.device)  # one per step
+    return lazy_walk_result(tree, target_logits, lse, greedy, inv_t, uniforms, depth)
+
+
+def lazy_walk_result(
+    tree: DDTreeBuildResult,
+    target_logits: torch.Tensor,
+    lse: torch.Tensor,
+    greedy: torch.Tensor,
+    inv_t: torch.Tensor,
+    uniforms: torch.Tensor,
+    depth: int,
+) -> VerifyResult:
+    """The lazy walk with given coins and its exact expectation (capture-safe). lse [B, N] of the logits / T
+    (`triton_verify.scaled_row_lse_and_min`); greedy [B] bool; inv_t [B] (1 on greedy rows); uniforms
+    [B, D + 1], the coin of the walk's step d in column d (the node it visits at depth d)."""
+    from ddtree.core.triton_verify import lazy_walk
+
     accepted_nodes, accept_len, bonus = lazy_walk(
         target_logits, lse, tree.parents, tree.token_ids, inv_t, ~greedy, uniforms, depth
     )

@@ -8,7 +8,8 @@ at the smallest bucket size >= n. One round, as named stages (keys of `ddtree.en
   tree_build   `build_tree` (ddtree, padded to the budget), the argmax chain (dflash), the root (ar)
   tree_compile tokens, positions committed + depth, cache rows committed + column, mask [B, N, S]
   verify       ONE target forward over the N tree tokens (writes their K/V), then the walk (greedy argmax or
-               sample-and-walk with counter-based coins)
+               sample-and-walk with counter-based coins, one per depth; temperature-only rounds on CUDA take
+               the Triton lazy walk, which makes the same draws from the same coins)
   commit       accepted K/V rows moved to follow the committed rows, pending features for the drafter,
                bonus / committed / counter updated, emitted tokens written to the output buffer
 `ar` is the same round with a root-only tree (N = 1) and no draft. On CUDA each stage is one CUDA graph per
@@ -35,7 +36,16 @@ from ddtree.core.attention import ancestor_mask
 from ddtree.core.build import build_tree_capturable, build_tree_flagged, prepare_build
 from ddtree.core.sampling import SamplingParams, processed_weights
 from ddtree.core.types import DDTreeBuildResult, VerifyResult
-from ddtree.core.verify import commit, edge_probs, prepare_verify, sample_from_probs_, verify_greedy, walk
+from ddtree.core.verify import (
+    FUSED_MIN_TEMPERATURE,
+    commit,
+    edge_probs,
+    lazy_walk_result,
+    prepare_verify,
+    sample_from_probs_,
+    verify_greedy,
+    walk,
+)
 from ddtree.engine.chain import build_chain
 from ddtree.engine.checks import check_budget, check_method, check_request_fields, resolve_dtype
 from ddtree.engine.fast_model import FusedDecoder, StaticDrafter, Visibility, family_of, round_up
@@ -46,7 +56,7 @@ from ddtree.engine.types import STAGES, GenerationOutput, GenerationRequest
 log = logging.getLogger("ddtree.engine")
 
 TokenCallback = Callable[[list[int]], None]
-Variant = tuple  # ("greedy",) or ("sample", top_k bucket, uses top_p)
+Variant = tuple  # ("greedy",) or ("sample", top_k bucket, uses top_p, lazy: temperature-only rows, Triton walk)
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -194,6 +204,9 @@ class BatchedEngine:
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         if self.use_graphs:
             prepare_verify(dev)
+        # temperature-only sampled rounds walk with the Triton lazy walk where it runs (CUDA): one read of the
+        # target rows and draws only along the walk, no [B, N, V] fp32 buffer; chosen once per engine
+        self._lazy_walk = self.device.type == "cuda" and prepare_verify(dev).triton
 
     # ------------------------------------------------------------------------------ public API
     def warmup(self, methods: Iterable[tuple[str, int]] | None = None, *, buckets: Iterable[int] | None = None,
@@ -201,7 +214,7 @@ class BatchedEngine:
         """Build (and on CUDA capture) the round programs of these (method, budget) pairs for every bucket,
         greedy and temperature-sampled, before serving, so that no capture happens during a request."""
         pairs = list(methods) if methods is not None else [(self.method, self.budget)]
-        variants = [("greedy",)] + ([("sample", 0, False)] if sampled else [])
+        variants = [("greedy",)] + ([("sample", 0, False, self._lazy_walk)] if sampled else [])
         t0 = time.perf_counter()
         for method, budget in pairs:
             for bucket in (buckets or self.buckets):
@@ -362,7 +375,10 @@ class BatchedEngine:
             return ("greedy",)
         k = max((r.top_k for r in reqs if r.temperature > 0 and 0 < r.top_k < self.vocab_size), default=0)
         k_bucket = min(1 << (k - 1).bit_length(), self.vocab_size) if k > 0 else 0
-        return ("sample", k_bucket, any(r.temperature > 0 and r.top_p < 1.0 for r in reqs))
+        uses_top_p = any(r.temperature > 0 and r.top_p < 1.0 for r in reqs)
+        lazy = (self._lazy_walk and k_bucket == 0 and not uses_top_p
+                and all(r.temperature == 0 or r.temperature >= FUSED_MIN_TEMPERATURE for r in reqs))
+        return ("sample", k_bucket, uses_top_p, lazy)
 
     def _effective_budget(self, method: str, budget: int) -> int:
         """The recorded budget: tree nodes (ddtree), drafted chain length (dflash), 0 (ar)."""
@@ -628,7 +644,8 @@ class BatchedEngine:
         params = None
         if variant[0] == "sample":
             params = self._variant_params(b, variant)
-            columns = column_keys(n, self.device)
+            columns = column_keys(depth + 1, self.device)  # one coin per step of the walk: the node at depth d
+        lazy = variant[0] == "sample" and variant[3]
 
         if depth == 0:  # ar: no tree to walk; the round's token is the root's draw (same coin, same token)
             return self._draw_fn(prog, params, columns if params is not None else None)
@@ -640,8 +657,11 @@ class BatchedEngine:
                 res = verify_greedy(tree, logits, max_depth=depth, validate=False)
                 result["entropy"].zero_()  # one-hot distributions
             else:
-                coins = keyed_uniforms(self.coin_key[:b], self.counter[:b], columns)  # [B, N]
-                res, entropy = sample_and_walk(tree, logits, params, coins, depth)
+                coins = keyed_uniforms(self.coin_key[:b], self.counter[:b], columns)  # [B, D + 1]
+                if lazy:
+                    res, entropy = lazy_sample_and_walk(tree, logits, self.temperature[:b], coins, depth)
+                else:
+                    res, entropy = sample_and_walk(tree, logits, params, coins, depth)
                 result["entropy"].copy_(entropy)
             result["accept_len"].copy_(res.accept_len)
             result["nodes"].copy_(res.accepted_nodes)
@@ -672,7 +692,7 @@ class BatchedEngine:
         top-p) are those of the variant: the flags pick the processing code (captured into the graph on CUDA),
         the buffers hold each row's values. Built once per walk, eager too: validating live values every round
         cost 0.2 ms of a 2 ms CPU step."""
-        _, k_bucket, uses_top_p = variant
+        _, k_bucket, uses_top_p, _ = variant
         temperature, top_k, top_p = self.temperature[:b], self.top_k[:b], self.top_p[:b]
         saved = [t.clone() for t in (temperature, top_k, top_p)]
         temperature.fill_(1.0)
@@ -732,15 +752,33 @@ def _root_tree(batch: int, device: torch.device) -> DDTreeBuildResult:
 
 def sample_and_walk(tree: DDTreeBuildResult, logits: torch.Tensor, params: SamplingParams, coins: torch.Tensor,
                     depth: int) -> tuple[VerifyResult, torch.Tensor]:
-    """Lossless sample-and-walk with given coins [B, N]: one inverse-CDF draw per node from the processed
-    target distribution, then the shared walk; greedy rows (temperature 0) pick the argmax. Also returns the
-    processed distribution's entropy at the root [B] (nats; 0 for greedy rows)."""
+    """Lossless sample-and-walk with given coins [B, D + 1], one per depth: every node draws by inverse CDF
+    from the processed target distribution with its depth's coin (the walk visits one node per depth, so its
+    draws stay independent, and they are the draws `lazy_sample_and_walk` makes with the same coins), then the
+    shared walk; greedy rows (temperature 0) pick the argmax. Also returns the processed distribution's
+    entropy at the root [B] (nats; 0 for greedy rows)."""
     weights, totals = processed_weights(logits, params)  # [B, N, V], [B, N, 1]
     root = weights[:, 0] / totals[:, 0]  # [B, V]
     entropy = -(root * root.clamp_min(1e-30).log()).sum(dim=-1)
     edge_p = edge_probs(tree, weights, totals)  # [B, N], read before the buffer is consumed
-    picks = sample_from_probs_(weights, uniforms=coins)  # [B, N]
+    picks = sample_from_probs_(weights, uniforms=coins.gather(1, tree.depths.clamp(0, depth)))  # [B, N]
     return walk(tree, picks, edge_p, depth), entropy
+
+
+def lazy_sample_and_walk(tree: DDTreeBuildResult, logits: torch.Tensor, temperature: torch.Tensor,
+                         coins: torch.Tensor, depth: int) -> tuple[VerifyResult, torch.Tensor]:
+    """`sample_and_walk` for temperature-only rows (T = 0 or T >= FUSED_MIN_TEMPERATURE) through the Triton
+    lazy walk (CUDA): the same draws from the same coins [B, D + 1], up to fp32 rounding at a CDF boundary;
+    the root's entropy from the same read's log-normaliser."""
+    from ddtree.core.triton_verify import scaled_row_lse_and_min
+
+    greedy = temperature == 0  # [B]
+    inv_t = torch.where(greedy, torch.ones_like(temperature), temperature).reciprocal()
+    lse, _ = scaled_row_lse_and_min(logits, inv_t)  # [B, N]
+    result = lazy_walk_result(tree, logits, lse, greedy, inv_t, coins, depth)
+    x0 = logits[:, 0].float() * inv_t.unsqueeze(1)  # [B, V] the root row / T
+    entropy = lse[:, 0] - (torch.exp(x0 - lse[:, :1]) * x0).sum(dim=-1)  # log Z - E[x / T]
+    return result, entropy.masked_fill(greedy, 0.0)
 
 
 def pick_tokens(logits: torch.Tensor, params: SamplingParams, coins: torch.Tensor) -> torch.Tensor:
