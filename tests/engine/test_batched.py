@@ -3,6 +3,11 @@ mid-batch, seeded sampling independent of the batch, the counter-based coins, gr
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -164,12 +169,16 @@ def _lazy_walk_runs() -> bool:
     return lazy_walk_usable(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-@pytest.mark.skipif(not _lazy_walk_runs(), reason="the Triton lazy walk needs CUDA, or TRITON_INTERPRET=1")
+needs_lazy_walk = pytest.mark.skipif(not _lazy_walk_runs(), reason="the Triton lazy walk needs CUDA, or TRITON_INTERPRET=1")
+
+
+@needs_lazy_walk
 def test_lazy_walk_makes_the_torch_walks_draws():
     """Temperature-only sampled rounds on CUDA take the Triton lazy walk: with the same per-depth coins it accepts
-    the same nodes and draws the same bonus as the torch sample-and-walk (greedy and sampled rows side by side),
-    with the same expectation and root entropy. Draws could differ only where a coin falls within fp32 rounding
-    of a CDF boundary, which these continuous coins do not hit."""
+    the same nodes and draws the same bonus as the torch sample-and-walk (greedy and sampled rows side by side,
+    walks down to the last depth, a vocabulary over two of the kernel's blocks), with the same expectation and a
+    root entropy equal to the float64 one. Draws could differ only where a coin falls within fp32 rounding of a
+    CDF boundary, which these continuous coins do not hit."""
     from ddtree.core.build import build_tree
     from ddtree.core.sampling import SamplingParams
     from ddtree.engine.batched import lazy_sample_and_walk, sample_and_walk
@@ -177,18 +186,21 @@ def test_lazy_walk_makes_the_torch_walks_draws():
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gen = torch.Generator().manual_seed(5)
-    b, depth, vocab, budget = 4, 3, 48, 10
+    b, depth, vocab, budget = 4, 3, 4500, 10
     temperature = torch.tensor([0.0, 1.0, 0.6, 1.4], device=dev)
     params = SamplingParams(temperature=temperature)
     keys = request_keys(torch.arange(b, dtype=torch.int64, device=dev) * 31 + 1)
     columns = column_keys(depth + 1, dev)
+    deepest = 0
     for counter in range(12):
-        draft = torch.randn((b, depth, vocab), generator=gen).to(dev) * 2
+        draft = torch.randn((b, depth, vocab), generator=gen).to(dev) * 3
         tree = build_tree(draft, budget, method="heap")
-        # target rows sharpened towards the draft's tokens, so that walks go deep
+        # each node's target row favours its children's tokens, so that sampled walks go deep
         logits = torch.randn((b, budget + 1, vocab), generator=gen).to(dev)
-        logits.scatter_add_(2, tree.token_ids.clamp_min(0)[:, :, None].expand(b, budget + 1, 1).roll(-1, 1),
-                            torch.full((b, budget + 1, 1), 3.0, device=dev))
+        for row in range(b):
+            parents = tree.parents[row, 1:]
+            real = parents >= 0
+            logits[row, parents[real], tree.token_ids[row, 1:][real]] += 12.0
         coins = keyed_uniforms(keys, torch.full((b,), counter, dtype=torch.int64, device=dev), columns)
         torch_res, torch_h = sample_and_walk(tree, logits, params, coins, depth)
         lazy_res, lazy_h = lazy_sample_and_walk(tree, logits, temperature, coins, depth)
@@ -196,4 +208,46 @@ def test_lazy_walk_makes_the_torch_walks_draws():
         assert torch.equal(torch_res.accepted_nodes, lazy_res.accepted_nodes)
         assert torch.equal(torch_res.bonus_token, lazy_res.bonus_token)
         torch.testing.assert_close(torch_res.expected_accept_len, lazy_res.expected_accept_len, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(torch_h, lazy_h, rtol=1e-4, atol=1e-4)
+        root = logits[:, 0].double() / temperature.double().clamp_min(1e-9).unsqueeze(1)
+        p = root.softmax(-1)
+        exact = torch.where(temperature == 0, 0.0, -(p * p.clamp_min(1e-300).log()).sum(-1)).float()
+        torch.testing.assert_close(lazy_h, exact, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(torch_h, exact, rtol=1e-4, atol=1e-5)
+        deepest = max(deepest, int(lazy_res.accept_len[1:].max()))
+    assert deepest == depth, "no sampled walk reached the last depth: the last coin was never used"
+
+
+@needs_lazy_walk
+def test_a_mixed_batch_walks_each_row_its_own_way(tiny_pair):
+    """A batch of a temperature-only request (the lazy walk's), a top-p one and a T = 0.02 one (the torch walk's)
+    runs both walks and keeps each row's own: the temperature-only request decodes the same tokens alone (lazy
+    walk only) and in that batch, and so do the others."""
+    from ddtree.engine.batched import BOTH, LAZY
+
+    engine = BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=4)
+    engine._lazy_walk, engine._sample_walks = True, LAZY  # as on CUDA (this test runs under the interpreter)
+    prompt = engine.tokenizer.encode("def main(")
+    requests = [GenerationRequest(input_ids=prompt, max_new_tokens=12, temperature=1.0, seed=3),
+                GenerationRequest(input_ids=prompt, max_new_tokens=12, temperature=0.8, top_p=0.9, seed=4),
+                GenerationRequest(input_ids=prompt, max_new_tokens=12, temperature=0.02, seed=5)]
+    for request in requests:
+        engine.admit(request, method="ddtree", budget=8)
+    assert engine._variant()[3] == BOTH
+    engine.cancel_all(RuntimeError("variant checked"))
+    together = engine.generate_batch(requests)
+    alone = [engine.generate(r) for r in requests]
+    assert [t.output_ids for t in together] == [a.output_ids for a in alone]
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+                    or importlib.util.find_spec("triton") is None,
+                    reason="the lazy-walk tests run directly here (CUDA or the interpreter), or there is no triton")
+def test_lazy_walk_tests_under_the_interpreter():
+    """CPU CI has no GPU: run the lazy-walk tests above in a child process under Triton's interpreter (which must
+    be set before triton is imported)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}", "-k",
+         "lazy_walk_makes or mixed_batch_walks"],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]

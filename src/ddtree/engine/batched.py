@@ -56,7 +56,10 @@ from ddtree.engine.types import STAGES, GenerationOutput, GenerationRequest
 log = logging.getLogger("ddtree.engine")
 
 TokenCallback = Callable[[list[int]], None]
-Variant = tuple  # ("greedy",) or ("sample", top_k bucket, uses top_p, lazy: temperature-only rows, Triton walk)
+Variant = tuple  # ("greedy",) or ("sample", top_k bucket, uses top_p, walks: LAZY / TORCH / BOTH)
+# which sampled walks a round runs: every row takes the walk its own parameters choose (`lazy_rows`), so a seeded
+# request draws the same tokens whatever shares its batch
+TORCH, LAZY, BOTH = 0, 1, 2
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -207,6 +210,7 @@ class BatchedEngine:
         # temperature-only sampled rounds walk with the Triton lazy walk where it runs (CUDA): one read of the
         # target rows and draws only along the walk, no [B, N, V] fp32 buffer; chosen once per engine
         self._lazy_walk = self.device.type == "cuda" and prepare_verify(dev).triton
+        self._sample_walks = LAZY if self._lazy_walk else TORCH  # the warm-up's temperature-only variant
 
     # ------------------------------------------------------------------------------ public API
     def warmup(self, methods: Iterable[tuple[str, int]] | None = None, *, buckets: Iterable[int] | None = None,
@@ -214,7 +218,7 @@ class BatchedEngine:
         """Build (and on CUDA capture) the round programs of these (method, budget) pairs for every bucket,
         greedy and temperature-sampled, before serving, so that no capture happens during a request."""
         pairs = list(methods) if methods is not None else [(self.method, self.budget)]
-        variants = [("greedy",)] + ([("sample", 0, False, self._lazy_walk)] if sampled else [])
+        variants = [("greedy",)] + ([("sample", 0, False, self._sample_walks)] if sampled else [])
         t0 = time.perf_counter()
         for method, budget in pairs:
             for bucket in (buckets or self.buckets):
@@ -376,9 +380,11 @@ class BatchedEngine:
         k = max((r.top_k for r in reqs if r.temperature > 0 and 0 < r.top_k < self.vocab_size), default=0)
         k_bucket = min(1 << (k - 1).bit_length(), self.vocab_size) if k > 0 else 0
         uses_top_p = any(r.temperature > 0 and r.top_p < 1.0 for r in reqs)
-        lazy = (self._lazy_walk and k_bucket == 0 and not uses_top_p
-                and all(r.temperature == 0 or r.temperature >= FUSED_MIN_TEMPERATURE for r in reqs))
-        return ("sample", k_bucket, uses_top_p, lazy)
+        walks = TORCH
+        if self._lazy_walk:
+            lazy = [lazy_request(r, self.vocab_size) for r in reqs]
+            walks = LAZY if all(lazy) else (BOTH if any(lazy) else TORCH)
+        return ("sample", k_bucket, uses_top_p, walks)
 
     def _effective_budget(self, method: str, budget: int) -> int:
         """The recorded budget: tree nodes (ddtree), drafted chain length (dflash), 0 (ar)."""
@@ -645,7 +651,7 @@ class BatchedEngine:
         if variant[0] == "sample":
             params = self._variant_params(b, variant)
             columns = column_keys(depth + 1, self.device)  # one coin per step of the walk: the node at depth d
-        lazy = variant[0] == "sample" and variant[3]
+        walks = variant[3] if variant[0] == "sample" else TORCH
 
         if depth == 0:  # ar: no tree to walk; the round's token is the root's draw (same coin, same token)
             return self._draw_fn(prog, params, columns if params is not None else None)
@@ -658,10 +664,20 @@ class BatchedEngine:
                 result["entropy"].zero_()  # one-hot distributions
             else:
                 coins = keyed_uniforms(self.coin_key[:b], self.counter[:b], columns)  # [B, D + 1]
-                if lazy:
-                    res, entropy = lazy_sample_and_walk(tree, logits, self.temperature[:b], coins, depth)
-                else:
+                temperature = self.temperature[:b]
+                if walks == LAZY:
+                    res, entropy = lazy_sample_and_walk(tree, logits, temperature, coins, depth)
+                elif walks == TORCH:
                     res, entropy = sample_and_walk(tree, logits, params, coins, depth)
+                else:  # mixed batch: both walks, each row keeps its own (rows the lazy walk skips run it at T = 1)
+                    lazy = lazy_rows(temperature, self.top_k[:b], self.top_p[:b], self.vocab_size)  # [B]
+                    res, entropy = sample_and_walk(tree, logits, params, coins, depth)
+                    fast, fast_entropy = lazy_sample_and_walk(
+                        tree, logits, torch.where(lazy, temperature, torch.ones_like(temperature)), coins, depth)
+                    res = VerifyResult(*(torch.where(lazy.view(-1, *[1] * (x.dim() - 1)), y, x) for x, y in zip(
+                        (res.accept_len, res.accepted_nodes, res.bonus_token, res.expected_accept_len),
+                        (fast.accept_len, fast.accepted_nodes, fast.bonus_token, fast.expected_accept_len))))
+                    entropy = torch.where(lazy, fast_entropy, entropy)
                 result["entropy"].copy_(entropy)
             result["accept_len"].copy_(res.accept_len)
             result["nodes"].copy_(res.accepted_nodes)
@@ -776,9 +792,24 @@ def lazy_sample_and_walk(tree: DDTreeBuildResult, logits: torch.Tensor, temperat
     inv_t = torch.where(greedy, torch.ones_like(temperature), temperature).reciprocal()
     lse, _ = scaled_row_lse_and_min(logits, inv_t)  # [B, N]
     result = lazy_walk_result(tree, logits, lse, greedy, inv_t, coins, depth)
-    x0 = logits[:, 0].float() * inv_t.unsqueeze(1)  # [B, V] the root row / T
-    entropy = lse[:, 0] - (torch.exp(x0 - lse[:, :1]) * x0).sum(dim=-1)  # log Z - E[x / T]
+    result.bonus_token.clamp_(min=0)  # non-finite logits end the walk at -1: keep the next round's input a token id
+    gap = lse[:, :1] - logits[:, 0].float() * inv_t.unsqueeze(1)  # [B, V] -log p at the root, >= 0
+    entropy = (torch.exp(-gap) * gap).sum(dim=-1)  # E[-log p], without cancelling two large terms
     return result, entropy.masked_fill(greedy, 0.0)
+
+
+def lazy_rows(temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B] bool: rows the lazy walk draws (temperature-only: T = 0 or T >= FUSED_MIN_TEMPERATURE, no top-k, no
+    top-p), from the rows' parameter buffers inside a captured round; the host twin is `lazy_request`."""
+    no_top_k = (top_k <= 0) | (top_k >= vocab)
+    return (temperature == 0) | (no_top_k & (top_p >= 1.0) & (temperature >= FUSED_MIN_TEMPERATURE))
+
+
+def lazy_request(request: GenerationRequest, vocab: int) -> bool:
+    """Whether the lazy walk draws this request's tokens (`lazy_rows` for one request, on the host)."""
+    greedy = request.temperature == 0
+    no_top_k = request.top_k <= 0 or request.top_k >= vocab
+    return greedy or (no_top_k and request.top_p >= 1.0 and request.temperature >= FUSED_MIN_TEMPERATURE)
 
 
 def pick_tokens(logits: torch.Tensor, params: SamplingParams, coins: torch.Tensor) -> torch.Tensor:
