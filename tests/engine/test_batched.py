@@ -222,10 +222,10 @@ def test_a_mixed_batch_walks_each_row_its_own_way(tiny_pair):
     """A batch of a temperature-only request (the lazy walk's), a top-p one and a T = 0.02 one (the torch walk's)
     runs both walks and keeps each row's own: the temperature-only request decodes the same tokens alone (lazy
     walk only) and in that batch, and so do the others."""
-    from ddtree.engine.batched import BOTH, LAZY
+    from ddtree.engine.batched import BOTH, LAZY, TORCH
 
     engine = BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=4)
-    engine._lazy_walk, engine._sample_walks = True, LAZY  # as on CUDA (this test runs under the interpreter)
+    engine._lazy_walk, engine._warm_walks = True, (LAZY, TORCH)  # as on CUDA (this test runs under the interpreter)
     prompt = engine.tokenizer.encode("def main(")
     requests = [GenerationRequest(input_ids=prompt, max_new_tokens=12, temperature=1.0, seed=3),
                 GenerationRequest(input_ids=prompt, max_new_tokens=12, temperature=0.8, top_p=0.9, seed=4),
@@ -251,3 +251,18 @@ def test_lazy_walk_tests_under_the_interpreter():
         env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=900,
     )
     assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_warmup_prepares_every_temperature_only_walk(tiny_pair):
+    """Warm-up builds (on CUDA: captures) the greedy walk and, per sampled walk the engine can take for a
+    temperature-only request (the lazy walk where it runs, the torch walk for T < FUSED_MIN_TEMPERATURE), its
+    walk, for every bucket: none of those is captured while serving."""
+    from ddtree.engine.batched import LAZY, TORCH
+
+    engine = BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=2)
+    assert engine._warm_walks == (TORCH,)  # the CPU: no lazy walk
+    engine._warm_walks = (LAZY, TORCH)  # as on CUDA (programs are built, not run, here)
+    engine.warmup([("ddtree", 8)])
+    for bucket in engine.buckets:
+        walks = engine._programs[(bucket, "ddtree", 8)]["walks"]
+        assert set(walks) == {("greedy",), ("sample", 0, False, LAZY), ("sample", 0, False, TORCH)}

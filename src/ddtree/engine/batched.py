@@ -210,7 +210,9 @@ class BatchedEngine:
         # temperature-only sampled rounds walk with the Triton lazy walk where it runs (CUDA): one read of the
         # target rows and draws only along the walk, no [B, N, V] fp32 buffer; chosen once per engine
         self._lazy_walk = self.device.type == "cuda" and prepare_verify(dev).triton
-        self._sample_walks = LAZY if self._lazy_walk else TORCH  # the warm-up's temperature-only variant
+        # the sampled walks warm-up captures: temperature-only rows (LAZY on CUDA), and the torch walk that rows with
+        # 0 < T < FUSED_MIN_TEMPERATURE take; top-k / top-p variants are captured when first seen
+        self._warm_walks = (LAZY, TORCH) if self._lazy_walk else (TORCH,)
 
     # ------------------------------------------------------------------------------ public API
     def warmup(self, methods: Iterable[tuple[str, int]] | None = None, *, buckets: Iterable[int] | None = None,
@@ -218,7 +220,7 @@ class BatchedEngine:
         """Build (and on CUDA capture) the round programs of these (method, budget) pairs for every bucket,
         greedy and temperature-sampled, before serving, so that no capture happens during a request."""
         pairs = list(methods) if methods is not None else [(self.method, self.budget)]
-        variants = [("greedy",)] + ([("sample", 0, False, self._sample_walks)] if sampled else [])
+        variants = [("greedy",)] + ([("sample", 0, False, walks) for walks in self._warm_walks] if sampled else [])
         t0 = time.perf_counter()
         for method, budget in pairs:
             for bucket in (buckets or self.buckets):
