@@ -647,7 +647,7 @@ class BatchedEngine:
         return stage
 
     def _walk_fn(self, prog: dict[str, Any], variant: Variant) -> Callable[[], None]:
-        b, n, depth = prog["bucket"], prog["columns"], prog["depth"]
+        b, depth = prog["bucket"], prog["depth"]
         result = prog["result"]
         params = None
         if variant[0] == "sample":
