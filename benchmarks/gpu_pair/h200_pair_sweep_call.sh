@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One 10-minute H200 command: train the `gpu` pair into /tmp/gpu-pair, time it in the engine (batch 1, T = 0 and 1,
 # one pass), then the server's throughput against concurrency for ddtree / dflash / ar (issue 12), ending on its
-# own time budget. Carry [".whl", ".triton_cache"]: the server wheels (fetch_server_wheels.sh) and, when an earlier
+# own time budget (the cheap methods first, so a short budget still has every ratio). Carry [".whl", ".triton_cache"]: the server wheels (fetch_server_wheels.sh) and, when an earlier
 # call brought it back, the Triton cache, so the servers start without compiling (a cold ddtree server took 210 s).
 #   OUT=/tmp/b bash benchmarks/gpu_pair/h200_pair_sweep_call.sh      (limits in seconds, env-overridable, sum 580)
 set -uo pipefail
@@ -26,7 +26,7 @@ timeout -k 5 "${T_ENGINE:-90}" python3 -m ddtree.cli bench engine --model /tmp/g
 echo "engine rc=$?"; grep -E "^ *(method|ar|dflash|ddtree) " "$R/pair_engine.txt"
 left=$(( ${T_TOTAL:-580} - ($(date +%s) - start) - 10 ))
 OUT="$R/sweep" timeout -k 10 "$((left + 10))" python3 benchmarks/gpu_pair/serve_sweep.py --pair /tmp/gpu-pair \
-    --methods ddtree,dflash,ar --concurrency 1,2,4,8,16 --budgets 16,32,64 --max-new-tokens 128 --min-requests 16 \
+    --methods "${METHODS:-ar,dflash,ddtree}" --concurrency 1,2,4,8,16 --budgets 16,32,64 --max-new-tokens 128 --min-requests 16 \
     --min-seconds 3 --time-budget-s "$left" > "$R/sweep.log" 2>&1
 echo "sweep rc=$? (budget ${left} s)"; cat "$R/sweep/sweep.txt" 2>/dev/null | head -12
 tar czf "$OUT/b.tgz" -C "$OUT" b && rm -rf "$R"
