@@ -22,10 +22,15 @@ HYP = settings(max_examples=50, deadline=None)
 TEMPS = (0.0, 0.3, 0.7, 1.0, 1.6)
 
 
-def same_tree(a, b) -> None:
+def same_tree(a, b, *, logw_tol: float = 0.0) -> None:
+    """Equal trees; `logw_tol` > 0 compares the log-weights to that tolerance (across devices, where the
+    build's own log-softmax rounds differently in the last bit) and everything else exactly."""
     for field in FIELDS:
-        x, y = getattr(a, field), getattr(b, field)
-        assert x.shape == y.shape and torch.equal(x.cpu(), y.cpu()), f"{field} differs:\n{x}\n{y}"
+        x, y = getattr(a, field).cpu(), getattr(b, field).cpu()
+        if field == "node_logws" and logw_tol > 0:
+            torch.testing.assert_close(x, y, rtol=logw_tol, atol=logw_tol, msg=f"{field} differs:\n{x}\n{y}")
+        else:
+            assert x.shape == y.shape and torch.equal(x, y), f"{field} differs:\n{x}\n{y}"
 
 
 @st.composite
@@ -143,8 +148,9 @@ def test_top_k_one_puts_the_argmax_chain_first_and_floors_the_rest() -> None:
 @settings(max_examples=25, deadline=None)
 @given(case=cases())
 def test_cuda_matches_cpu(case) -> None:
-    """CUDA's log-softmax rounds differently from the CPU's in the last bit, so the devices agree exactly on the
-    build of the same processed log-probabilities and to float32 rounding on the processing itself."""
+    """CUDA's log-softmax rounds differently from the CPU's in the last bit (in the processing and again in
+    the build's own normalisation), so on the same processed log-probabilities the devices build the same
+    tree, with log-weights equal to float32 rounding; on one device the two routes agree exactly."""
     logits, budget, params = case
     def on(device, x):
         return x.to(device) if isinstance(x, torch.Tensor) else x
@@ -156,4 +162,4 @@ def test_cuda_matches_cpu(case) -> None:
     for method in ("heap", "batched"):
         gpu = build_tree(logits.cuda(), budget, method=method, sampling=cuda_params)
         same_tree(gpu, build_tree(cuda_logprobs, budget, method=method))
-        same_tree(gpu, build_tree(cuda_logprobs.cpu(), budget, method=method))
+        same_tree(gpu, build_tree(cuda_logprobs.cpu(), budget, method=method), logw_tol=1e-5)
