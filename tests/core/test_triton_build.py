@@ -219,7 +219,7 @@ def test_triton_beam_equals_torch_beam(width: int, ties: bool) -> None:
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("width, budget", [(8, 8), (64, 64), (128, 128), (16, 40)])
+@pytest.mark.parametrize("width, budget", [(1, 1), (1, 3), (2, 1), (8, 8), (64, 64), (128, 128), (16, 40)])
 @pytest.mark.parametrize("ties", [False, True])
 def test_triton_tree_from_beam_equals_torch(width: int, budget: int, ties: bool) -> None:
     from ddtree.core.triton_build import tree_from_beam

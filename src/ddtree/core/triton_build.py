@@ -623,11 +623,13 @@ def tree_from_beam(
     node_logws = torch.empty((b, n), dtype=torch.float32, device=dev)
     num_nodes = torch.empty((b,), dtype=torch.int64, device=dev)
     scratch = torch.empty((b, d * w), dtype=torch.int32, device=dev)
-    dw_pad = triton.next_power_of_2(d * w)
+    # tl.topk fails to compile on a size-1 axis (budget 1 or a one-slot beam): pad both axes to at least 16
+    budget_pad = max(triton.next_power_of_2(budget), 16)
+    dw_pad = max(triton.next_power_of_2(d * w), budget_pad)
     _tree_from_beam_kernel[(b,)](
         beam_logw.contiguous(), beam_tok.contiguous(), beam_par.contiguous(), scratch,
         token_ids, parents, depths, node_logws, num_nodes,
-        W=w, DW=d * w, DW_PAD=dw_pad, BUDGET=budget, BUDGET_PAD=triton.next_power_of_2(budget),
+        W=w, DW=d * w, DW_PAD=dw_pad, BUDGET=budget, BUDGET_PAD=budget_pad,
         num_warps=8 if dw_pad >= 2048 else 4,
     )
     return token_ids, parents, depths, node_logws, num_nodes
