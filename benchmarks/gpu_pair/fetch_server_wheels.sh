@@ -7,5 +7,5 @@ cd "$(dirname "$0")/../.."
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
     fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.7.0 \
-    typing-inspection==0.4.5 uvicorn==0.54.0 opentelemetry-api==1.45.2
+    typing-inspection==0.4.5 uvicorn==0.54.0 opentelemetry-api==1.45.2 uvloop==0.23.0 httptools==0.9.0
 ls .whl

@@ -266,3 +266,30 @@ def test_warmup_prepares_every_temperature_only_walk(tiny_pair):
     for bucket in engine.buckets:
         walks = engine._programs[(bucket, "ddtree", 8)]["walks"]
         assert set(walks) == {("greedy",), ("sample", 0, False, LAZY), ("sample", 0, False, TORCH)}
+
+
+@pytest.mark.parametrize("method,budget", CONFIGS)
+def test_staged_prefill_equals_the_direct_prefill(tiny_pair, prompts, method, budget, monkeypatch):
+    """The staged prefill (the CUDA-graph path, run eagerly here): prompts padded to a length bucket, prefilled
+    into the staging cache and copied into the request's slot, decode like the direct prefill, greedy and seeded
+    sampled, with joins (rows reused) and a prompt beyond the largest bucket (direct prefill inside a staged
+    engine)."""
+    direct = BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=2)
+    staged = BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=2, prefill_graphs=True)
+    assert direct.prefill_buckets == () and staged.prefill_buckets[0] == 64
+    long_prompt = (prompts[1] * 12)[:90]  # bucket 128
+    beyond = (prompts[0] * 40)[:150]
+    monkeypatch.setattr(staged, "prefill_buckets", (64, 128))
+    cases = [*prompts[:3], long_prompt, beyond]
+    for sampling in ({}, {"temperature": 0.9, "seed": 3}):
+        requests = _requests(cases, **sampling)
+        a = staged.generate_batch(requests, method=method, budget=budget)
+        b = direct.generate_batch(requests, method=method, budget=budget)
+        assert [x.output_ids for x in a] == [x.output_ids for x in b]
+    assert {length for length, _ in staged._prefills} == {64, 128}
+
+
+def test_warmup_builds_the_prefill_programs(tiny_pair):
+    engine = BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=2, prefill_graphs=True)
+    engine.warmup([("ddtree", 8), ("ar", 1)])
+    assert set(engine._prefills) == {(length, d) for length in engine.prefill_buckets for d in (False, True)}

@@ -71,6 +71,14 @@ def batch_buckets(max_batch: int) -> tuple[int, ...]:
     return (*sizes, max_batch)
 
 
+PREFILL_BUCKETS = (64, 128, 256, 512, 1024, 2048)  # longer prompts prefill eagerly: their compute hides the host
+
+
+def prefill_buckets(max_seq_len: int) -> tuple[int, ...]:
+    """The staged prefill's padded prompt lengths that fit a slot of max_seq_len rows."""
+    return tuple(x for x in PREFILL_BUCKETS if x <= max_seq_len)
+
+
 @dataclass
 class _Active:
     """Host bookkeeping of one request in the batch."""
@@ -130,6 +138,7 @@ class BatchedEngine:
         max_batch: int = 8,
         max_seq_len: int | None = None,
         cuda_graphs: bool = True,
+        prefill_graphs: bool | None = None,
         profile_stages: bool = False,
         attention: str = "auto",
         target: FusedDecoder | None = None,
@@ -178,6 +187,20 @@ class BatchedEngine:
         self.drafter_cache = (
             self.drafter.allocate_cache(m, self.max_seq_len, dev, self.dtype) if self.drafter is not None else None
         )
+        # Prefill: an eager forward costs ~2,700 op dispatches (8.7 ms of host time per request on an H200 for the
+        # 8-layer `gpu` pair, most of a 128-token request's latency, and at 8 concurrent requests a join every
+        # ~2 rounds). Under graphs the prompt is padded to a length bucket and prefilled by one replay into a
+        # one-slot staging cache, then copied into the request's slot (padding rows land at or beyond
+        # `committed`, which nothing reads). `prefill_graphs` (default: with cuda_graphs) runs the same staged
+        # path eagerly off CUDA, so the padding and the copy are tested on the CPU.
+        self.staged_prefill = self.use_graphs if prefill_graphs is None else bool(prefill_graphs)
+        self.prefill_buckets = prefill_buckets(self.max_seq_len) if self.staged_prefill else ()
+        self._prefills: dict[tuple[int, bool], dict[str, Any]] = {}
+        if self.prefill_buckets:
+            top = self.prefill_buckets[-1]
+            self.staging_target = target.allocate_cache(1, top)
+            self.staging_drafter = (self.drafter.allocate_cache(1, top, dev, self.dtype)
+                                    if self.drafter is not None else None)
         b = self.block_size
         i64 = dict(dtype=torch.int64, device=dev)
         self.committed = torch.zeros(m, **i64)
@@ -231,6 +254,13 @@ class BatchedEngine:
                     # one line a program, so a slow start shows which capture (or kernel compile) took the time
                     log.info("round program %s budget %d bucket %d %s: %.2f s", method,
                              self._effective_budget(method, budget), bucket, variant[0], time.perf_counter() - t)
+        t = time.perf_counter()
+        for with_drafter in sorted({method != "ar" and self.drafter is not None for method, _ in pairs}):
+            for length in self.prefill_buckets:
+                with torch.no_grad():
+                    self._prefill_program(length, with_drafter, row=len(self._active))
+        if self.prefill_buckets:
+            log.info("prefill programs for lengths %s: %.2f s", self.prefill_buckets, time.perf_counter() - t)
         self._reset_rows(range(len(self._active), self.max_batch))
         log.info("round programs ready for %s, buckets %s (%.1f s)", pairs, self.buckets, time.perf_counter() - t0)
 
@@ -510,21 +540,27 @@ class BatchedEngine:
     def _prefill(self, row: int, request: GenerationRequest, *, with_drafter: bool) -> int:
         """Target forward over the prompt into `row`'s slot, the drafter context of the prompt, the first token."""
         dev = self.device
-        ids = torch.tensor([request.input_ids], dtype=torch.int64, device=dev)  # [1, P]
-        p = ids.shape[1]
-        positions = torch.arange(p, device=dev).unsqueeze(0)  # [1, P]
+        p = len(request.input_ids)
+        with_drafter = with_drafter and self.drafter is not None
+        length = next((x for x in self.prefill_buckets if x >= p), None)
+        if length is not None:  # staged: padded to the bucket, one replay under graphs
+            prog = self._prefill_program(length, with_drafter, row=row)
+            host = torch.zeros(length + 2, dtype=torch.int64)
+            host[:p] = torch.tensor(request.input_ids, dtype=torch.int64)
+            host[length], host[length + 1] = p - 1, row
+            prog["inputs"].copy_(host.to(dev, non_blocking=True))
+            prog["stage"]()
+            logits = prog["logits"]
+        else:  # straight into the slot: the CPU, and prompts beyond the largest bucket
+            ids = torch.tensor([request.input_ids], dtype=torch.int64, device=dev)  # [1, P]
+            logits = self._prefill_forward(ids, torch.tensor([p - 1], device=dev), self.target_cache,
+                                           self.drafter_cache if with_drafter else None, slot=row)
         zero = torch.zeros(1, dtype=torch.int64, device=dev)
-        causal = torch.ones((1, p, p), dtype=torch.bool, device=dev).tril_()  # [1, P, P]
-        vis = Visibility(context_len=zero, own_start=zero, own_mask=causal)  # rows = positions
-        logits, features = self.target.forward(ids, positions, vis, self.target_cache, first_slot=row,
-                                               last_logits_only=True, with_features=with_drafter)
-        if with_drafter:
-            self.drafter.write_context(self.drafter.project(features), positions, self.drafter_cache, first_slot=row)
         seed = request.seed if request.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
         key = request_keys(torch.tensor([seed], dtype=torch.int64, device=dev))  # [1]
         params = SamplingParams(temperature=float(request.temperature), top_k=int(request.top_k),
                                 top_p=float(request.top_p))
-        first = pick_tokens(logits[:, -1], params, keyed_uniforms(key, zero, column_keys(1, dev)))  # [1]
+        first = pick_tokens(logits[:, 0], params, keyed_uniforms(key, zero, column_keys(1, dev)))  # [1]
         self.committed[row] = p
         self.bonus[row] = first[0]
         self.pending_len[row] = 0
@@ -535,6 +571,51 @@ class BatchedEngine:
         self.coin_key[row] = key[0]
         self.counter[row] = 1
         return int(first[0])
+
+    def _prefill_forward(self, tokens: torch.Tensor, last: torch.Tensor, target_cache, drafter_cache, *,
+                         slot: int) -> torch.Tensor:
+        """tokens [1, L] at positions 0..L-1 (causal) into `slot` of the caches (the drafter's context too when
+        drafter_cache is given) -> logits [1, 1, V] of token `last` ([1] int64)."""
+        dev, length = tokens.device, tokens.shape[1]
+        positions = torch.arange(length, device=dev).unsqueeze(0)  # [1, L]
+        zero = torch.zeros(1, dtype=torch.int64, device=dev)
+        causal = torch.ones((1, length, length), dtype=torch.bool, device=dev).tril_()  # [1, L, L]
+        vis = Visibility(context_len=zero, own_start=zero, own_mask=causal)  # rows = positions
+        logits, features = self.target.forward(tokens, positions, vis, target_cache, first_slot=slot,
+                                               logits_at=last, with_features=drafter_cache is not None)
+        if drafter_cache is not None:
+            self.drafter.write_context(self.drafter.project(features), positions, drafter_cache, first_slot=slot)
+        return logits
+
+    def _prefill_program(self, length: int, with_drafter: bool, *, row: int) -> dict[str, Any]:
+        """The staged prefill of one length bucket: inputs [L + 2] (tokens, last index, destination row) ->
+        the staging caches -> rows [0, L) of the destination slot; logits [1, 1, V]. Captured on first use
+        with `row` (a free row: the capture's warm-up runs write it) as the destination."""
+        key = (length, with_drafter)
+        prog = self._prefills.get(key)
+        if prog is not None:
+            return prog
+        if self.use_graphs and self._active:
+            log.warning("capturing the prefill of length %d during serving", length)
+        inputs = torch.zeros(length + 2, dtype=torch.int64, device=self.device)
+        inputs[length + 1] = row
+        pairs = [(self.target_cache, self.staging_target)]
+        if with_drafter:
+            pairs.append((self.drafter_cache, self.staging_drafter))
+        prog = {"inputs": inputs}
+
+        def prefill() -> None:
+            tokens, last, dst = inputs[:length].unsqueeze(0), inputs[length : length + 1], inputs[length + 1 :]
+            prog["logits"] = self._prefill_forward(tokens, last, self.staging_target,
+                                                   self.staging_drafter if with_drafter else None, slot=0)
+            for cache, staging in pairs:
+                for whole, staged in ((cache.keys, staging.keys), (cache.values, staging.values)):
+                    whole[:, :, :, :length].index_copy_(1, dst, staged[:, :, :, :length])
+
+        prog["stage"] = _Stage("prefill", prefill)
+        self._capture(prog["stage"])
+        self._prefills[key] = prog
+        return prog
 
     # ------------------------------------------------------------------------------ round programs
     def _program(self, bucket: int, method: str, budget: int, variant: Variant) -> dict[str, Any]:

@@ -433,10 +433,10 @@ class FusedDecoder:
         cache: SlotCache,
         *,
         first_slot: int = 0,
-        last_logits_only: bool = False,
+        logits_at: torch.Tensor | None = None,  # [B] int64: logits of that token only (a prefill's last)
         with_features: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits [B, T, V] (or [B, 1, V] for the last token) and drafter features [B, T, k*H] (or None)."""
+        """Logits [B, T, V] (or [B, 1, V] at `logits_at`) and drafter features [B, T, k*H] (or None)."""
         s, ops = self.shape, self.ops
         b, t = tokens.shape
         x = F.embedding(tokens, self.embed)  # [B, T, H]
@@ -456,7 +456,11 @@ class FusedDecoder:
             if with_features and i in self.feature_layers:
                 features[i] = x
         normed = y  # the last add_norm normed with the final norm
-        logits = F.linear(normed[:, -1:] if last_logits_only else normed, self.lm_head)
+        if logits_at is not None:
+            at = logits_at.view(b, 1, 1).expand(b, 1, normed.shape[-1])
+            logits = F.linear(normed.gather(1, at), self.lm_head)
+        else:
+            logits = F.linear(normed, self.lm_head)
         if not with_features:
             return logits, None
         # Like Hugging Face's hidden_states tuple, the last layer's entry is the final-normed output.

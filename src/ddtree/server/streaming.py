@@ -43,6 +43,7 @@ class TokenStream:
         self._loop = loop
         self._queue: asyncio.Queue[StreamItem] = asyncio.Queue()
         self._cancelled = threading.Event()
+        self._held: StreamItem | None = None  # an end item read while merging chunks, returned next
 
     def on_tokens(self, new_ids: list[int]) -> None:
         """The engine's callback (decoding thread)."""
@@ -64,7 +65,24 @@ class TokenStream:
         self._cancelled.set()
 
     async def next(self) -> StreamItem:
-        return await self._queue.get()
+        """The next item; chunks already queued behind a chunk are merged into it. When the event loop falls
+        behind the decoding rounds (many concurrent streams), it renders and sends one event per request for
+        all the rounds it missed instead of one per round, so its work stops growing with the backlog and
+        the decoding thread gets the GIL back sooner."""
+        if self._held is not None:
+            item, self._held = self._held, None
+            return item
+        item = await self._queue.get()
+        if not isinstance(item, list):
+            return item
+        merged = item
+        while not self._queue.empty():
+            following = self._queue.get_nowait()
+            if not isinstance(following, list):
+                self._held = following
+                break
+            merged = merged + following
+        return merged
 
 
 def render_text(
