@@ -9,7 +9,6 @@ job in normal use: with none set, each job takes its one fastest measured path (
 | `DDTREE_NO_CUDA_GRAPH=1`       | `no_cuda_graph`         | `build_tree` on CUDA runs eagerly (no graph replay)   |
 | `DDTREE_TRITON_BEAM_MAX_WIDTH` | `triton_beam_max_width` | widest beam the Triton tail takes (0: torch tail)     |
 | `DDTREE_STATS_PROGRAMS`        | `stats_programs`        | programs the builder's statistics kernel aims for     |
-| `DDTREE_GIL_SWITCH_US`         | `gil_switch_us`         | `ddtree serve`'s GIL switch interval (0: Python's 5 ms) |
 
 Code reads `current()`. The environment is read once, on the first call (set the variables before the process
 starts); benchmarks and tests change switches for a block with `override(...)`. Path choices are cached per device
@@ -27,10 +26,6 @@ from functools import lru_cache
 _TRUE = ("1", "true", "yes")
 DEFAULT_TRITON_BEAM_MAX_WIDTH = 256  # the one-program beam is checked up to width 256 (H200, NOTES-core.md)
 DEFAULT_STATS_PROGRAMS = 4096  # rows x splits of the statistics kernel (H200 sweep, NOTES-core.md)
-# The server's decoding thread waits on the GPU with the GIL released; when the round is done it needs the GIL
-# back while the event loop holds it rendering stream events. Python hands it over only after its switch
-# interval (5 ms by default, several rounds of a small model): a short one bounds that wait.
-DEFAULT_GIL_SWITCH_US = 250
 
 
 @dataclass(frozen=True)
@@ -39,7 +34,6 @@ class Switches:
     no_cuda_graph: bool = False
     triton_beam_max_width: int = DEFAULT_TRITON_BEAM_MAX_WIDTH
     stats_programs: int = DEFAULT_STATS_PROGRAMS
-    gil_switch_us: int = DEFAULT_GIL_SWITCH_US
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -57,7 +51,6 @@ ENV = {  # field -> environment variable
     "no_cuda_graph": "DDTREE_NO_CUDA_GRAPH",
     "triton_beam_max_width": "DDTREE_TRITON_BEAM_MAX_WIDTH",
     "stats_programs": "DDTREE_STATS_PROGRAMS",
-    "gil_switch_us": "DDTREE_GIL_SWITCH_US",
 }
 
 

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddtree import switches
 from ddtree.engine.types import METHODS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -142,10 +141,6 @@ def run(args: argparse.Namespace) -> int:
     log.info("loading %s (method=%s budget=%d device=%s dtype=%s)", args.model, args.method, args.budget,
              args.device, args.dtype)
     app = build_app(args)
-    gil_switch_us = switches.current().gil_switch_us
-    if gil_switch_us:
-        sys.setswitchinterval(gil_switch_us / 1e6)
-    log.info("GIL switch interval %.2f ms", sys.getswitchinterval() * 1e3)
     config = uvicorn.Config(
         app,
         host=args.host,
