@@ -523,13 +523,14 @@ BEAM_UNROLL_MAX_WIDTH = 64
 
 
 def beam_search(
-    logq: torch.Tensor, ids: torch.Tensor, js: torch.Tensor, rs: torch.Tensor, width: int
+    logq: torch.Tensor, ids: torch.Tensor, js: torch.Tensor, rs: torch.Tensor, width: int, *,
+    unroll: bool | None = None, num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton twin of build._beam_torch: logq/ids [B, D, K] -> beam logw/token/parent [B, D, W].
 
     Widths <= BEAM_UNROLL_MAX_WIDTH unroll the depth loop (static_range, measured on an H200); wider beams
     use a runtime depth loop so that compile time does not grow with D (14 unrolled bitonic sorts of 1024 /
-    2048 int64 keys compiled for minutes).
+    2048 int64 keys compiled for minutes). `unroll` / `num_warps` override the launch (benchmarks/beam_launch.py).
     """
     b, d, k = logq.shape
     m = js.numel()
@@ -542,7 +543,8 @@ def beam_search(
     _beam_kernel[(b,)](
         logq, ids, js, rs, out_logw, out_tok, out_par,
         D=d, K=k, W=width, M=m, W_PAD=triton.next_power_of_2(width), M_PAD=m_pad,
-        UNROLL=width <= BEAM_UNROLL_MAX_WIDTH, num_warps=8 if m_pad >= 2048 else 4,
+        UNROLL=width <= BEAM_UNROLL_MAX_WIDTH if unroll is None else unroll,
+        num_warps=(8 if m_pad >= 2048 else 4) if num_warps is None else num_warps,
     )
     return out_logw, out_tok, out_par
 
