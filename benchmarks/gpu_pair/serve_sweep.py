@@ -1,9 +1,12 @@
 """Throughput against concurrency through the reference server: `ar`, `dflash` and `ddtree` at each budget
 (issue 12: 8 concurrent requests, and the sweep over 1, 2, 4, 8, 16 with the best budget per level).
 
-One server per method (`ddtree serve --log-level info`, continuous batching up to --max-batch, CUDA graphs of
-every batch bucket and every swept budget captured at start; its log shows each captured program's seconds);
-the ddtree budgets go to one server as per-request overrides. After one untimed warm-up level per (budget, T),
+One server per method, all started first and kept up (`ddtree serve --log-level info`, continuous batching up to
+--max-batch, CUDA graphs of every batch bucket and every swept budget captured at start; its log shows each
+captured program's seconds); the ddtree budgets go to one server as per-request overrides. Each level measures
+every (method, budget) back to back, and --repeats passes over the levels rotate that order, so ratios compare
+neighbours in time; the summary reports medians over passes and a per-pass table the spread. After one untimed
+warm-up level per (method, budget, T),
 each (method, budget, T, concurrency) level sends a first batch of max(--min-requests, 2 x concurrency) requests
 of --max-new-tokens tokens (EOS ignored, so every request decodes the same length); while the last batch lasted
 under --min-seconds, it sends a larger one sized from that batch's rate (whole waves of `concurrency`, at most
@@ -15,7 +18,7 @@ Writes $OUT/sweep_records.jsonl (one record per request, `ddtree bench throughpu
 level's records from `first_request_index` on), $OUT/server_<method>.log, and after every level $OUT/sweep.json
 (each server's start-up seconds; per level its reported requests and seconds, the probes', the batches) and
 $OUT/sweep.txt: start-ups, output tokens/s per (method, budget, T, concurrency), the best ddtree budget per
-level and the ratios over dflash and ar, then one line per level.
+level and the ratios over dflash and ar, with --repeats > 1 the per-pass ratios and spread, then one line per level.
 
     python3 benchmarks/gpu_pair/serve_sweep.py --pair /tmp/gpu-pair --methods ddtree,dflash,ar \\
         --budgets 16,32,64 --min-seconds 5 --time-budget-s 570                # one H200: under `timeout 585`
@@ -29,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -127,10 +131,11 @@ class Sweep:
             "short": (summary.get("duration_s") or 0) < a.min_seconds, "batches": batches,
             "level_requests": sum(n for n, _ in batches), "level_seconds": seconds}
 
-    def run_server(self, method: str, budgets: list[int | None]) -> None:
-        a, plan = self.args, self.plan()
+    def start_server(self, method: str, budgets: list[int | None]) -> Any:
+        """Start one method's server and wait for it; None when it did not come up (recorded in `servers`)."""
+        a = self.args
         if not self.fits(f"the {method} server", self.level_estimate_s):
-            return
+            return None
         port = free_port()
         top = max((b for b in budgets if b is not None), default=1)
         cmd = [sys.executable, "-m", "ddtree.cli", "serve", "--model", a.pair, "--method", method,
@@ -142,56 +147,107 @@ class Sweep:
         info: dict[str, Any] = self.servers.setdefault(method, {"log": f"server_{method}.log", "startup_s": None})
         t0 = time.perf_counter()
         server = start_server(cmd, self.out / info["log"], port=port)
+        # a start that cannot leave time for one level is cut here, not by the command's timeout
+        wait = min(a.health_timeout_s, self.seconds_left() - self.level_estimate_s)
         try:
-            # a start that cannot leave time for one level is cut here, not by the command's timeout
-            wait = min(a.health_timeout_s, self.seconds_left() - self.level_estimate_s)
-            try:
-                wait_for_health(server.url, max(wait, 1.0), process=server.process, log_path=server.log_path)
-            except (RuntimeError, TimeoutError) as exc:
-                info["error"] = str(exc).splitlines()[0]
-                print(f"{method} server not ready: {info['error']}", flush=True)
-                return
-            info["startup_s"] = time.perf_counter() - t0
-            print(f"{method} server ready in {info['startup_s']:.1f} s", flush=True)
-            self.write()
-            top_level = max(plan["levels"])
+            wait_for_health(server.url, max(wait, 1.0), process=server.process, log_path=server.log_path)
+        except (RuntimeError, TimeoutError) as exc:
+            info["error"] = str(exc).splitlines()[0]
+            print(f"{method} server not ready: {info['error']}", flush=True)
+            stop_server(server)
+            return None
+        info["startup_s"] = time.perf_counter() - t0
+        print(f"{method} server ready in {info['startup_s']:.1f} s", flush=True)
+        self.write()
+        return server
+
+    def measure(self, cells: list[tuple[str, int | None, Any]]) -> None:
+        """cells: (method, budget, server). One untimed warm-up per (cell, T), then --repeats passes over the
+        levels; within a pass each level measures every cell back to back, in an order rotated per pass, so a
+        ratio between methods compares neighbours in time and a drift of the machine shows as spread."""
+        a, plan = self.args, self.plan()
+        top_level = max(plan["levels"])
+        for method, budget, server in cells:
             for temperature in plan["temperatures"]:
-                for budget in budgets:
-                    tags = {"method": method, "budget": budget or 0, "temperature": temperature}
-                    if not self.fits(f"{method} budget {budget or '-'} T={temperature:g}", self.level_estimate_s):
-                        return
-                    run_throughput(server.url, a.prompts, concurrency=[top_level], num_requests=top_level,
-                                   max_new_tokens=a.max_new_tokens, variant=variant(temperature),
-                                   tags={**tags, "warmup": True}, out=self.out / "warmup.jsonl", budget=budget)
-                    for level in plan["levels"]:
-                        if not self.fits(f"{method} budget {budget or '-'} T={temperature:g} c={level}",
-                                         self.level_estimate_s):
+                if not self.fits(f"warm-up {method} budget {budget or '-'}", self.level_estimate_s):
+                    return
+                tags = {"method": method, "budget": budget or 0, "temperature": temperature, "warmup": True}
+                run_throughput(server.url, a.prompts, concurrency=[top_level], num_requests=top_level,
+                               max_new_tokens=a.max_new_tokens, variant=variant(temperature), tags=tags,
+                               out=self.out / "warmup.jsonl", budget=budget)
+        for rep in range(a.repeats):
+            order = cells[rep % len(cells):] + cells[: rep % len(cells)]
+            for temperature in plan["temperatures"]:
+                for level in plan["levels"]:
+                    for method, budget, server in order:
+                        what = f"{method} budget {budget or '-'} T={temperature:g} c={level} pass {rep + 1}"
+                        if not self.fits(what, self.level_estimate_s):
                             return
+                        tags = {"method": method, "budget": budget or 0, "temperature": temperature, "repeat": rep}
                         row = self.run_level(server.url, tags, level, budget)
                         self.rows.append(row)
-                        print(f"  {method:<6} budget {budget or '-':>4} T={temperature:g} c={level:>2}: "
-                              f"{row['output_tokens_per_s'] or 0:9.1f} tok/s, TPOT {1e3 * (row['mean_tpot'] or 0):7.2f}"
-                              f" ms, {row['requests']} requests in {row['duration_s'] or 0:.2f} s (level "
-                              f"{row['level_requests']} in {row['level_seconds']:.1f} s), errors {row['errors']}",
-                              flush=True)
+                        print(f"  {what}: {row['output_tokens_per_s'] or 0:9.1f} tok/s, TPOT "
+                              f"{1e3 * (row['mean_tpot'] or 0):7.2f} ms, {row['requests']} requests in "
+                              f"{row['duration_s'] or 0:.2f} s (level {row['level_requests']} in "
+                              f"{row['level_seconds']:.1f} s), errors {row['errors']}", flush=True)
                         self.write()
-        finally:
-            stop_server(server)
 
 
 MISSING = "missing"  # a planned cell with no measurement (a time-budget stop, a server that did not start)
 
 
+def cell_medians(rows: list[dict[str, Any]], temperature: float, level: int) -> dict[tuple[str, int], float]:
+    """(method, budget) -> the median tokens/s over the passes that measured it, at one (T, concurrency)."""
+    rates: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        if r["temperature"] == temperature and r["concurrency"] == level and r["output_tokens_per_s"] is not None:
+            rates.setdefault((r["method"], r["budget"]), []).append(r["output_tokens_per_s"])
+    return {cell: statistics.median(x) for cell, x in rates.items()}
+
+
+def repeats_table(rows: list[dict[str, Any]], plan: dict[str, list[Any]]) -> str:
+    """Per (T, concurrency) and pass: ar, dflash and the best ddtree budget (by median) in tokens/s, the ratios
+    within the pass, and each method's spread (max / min over passes)."""
+    lines = [f"{'T':>4} {'conc':>5} {'pass':>4} {'ar':>9} {'dflash':>9} {'ddtree':>9} {'budget':>6} {'/dflash':>8} "
+             f"{'/ar':>6}"]
+    for temperature in plan["temperatures"]:
+        for level in plan["levels"]:
+            med = cell_medians(rows, temperature, level)
+            trees = {b: x for (m, b), x in med.items() if m == "ddtree"}
+            best = max(trees, key=trees.get, default=None)
+            per_pass: dict[int, dict[str, float]] = {}
+            for r in rows:
+                if r["temperature"] != temperature or r["concurrency"] != level or r["output_tokens_per_s"] is None:
+                    continue
+                name = r["method"] if r["method"] != "ddtree" else ("ddtree" if r["budget"] == best else None)
+                if name is not None:
+                    per_pass.setdefault(r.get("repeat", 0), {})[name] = r["output_tokens_per_s"]
+            for rep, x in sorted(per_pass.items()):
+                ratio = lambda a, b: f"{x[a] / x[b]:.2f}x" if a in x and b in x else "-"  # noqa: E731
+                lines.append(f"{temperature:>4g} {level:>5} {rep + 1:>4} "
+                             + " ".join(f"{x[m]:>9.1f}" if m in x else f"{'-':>9}" for m in ("ar", "dflash", "ddtree"))
+                             + f" {best if best is not None else '-':>6} {ratio('ddtree', 'dflash'):>8} "
+                               f"{ratio('ddtree', 'ar'):>6}")
+            spread = []
+            for m in ("ar", "dflash", "ddtree"):
+                xs = [x[m] for x in per_pass.values() if m in x]
+                if len(xs) > 1:
+                    spread.append(f"{m} {max(xs) / min(xs):.2f}")
+            if spread:
+                lines.append(f"{'':>10} spread (max / min over passes): " + ", ".join(spread))
+    return "\n".join(lines)
+
+
 def summary_table(rows: list[dict[str, Any]], plan: dict[str, list[Any]]) -> str:
-    """Tokens/s per planned (T, concurrency): ar, dflash, every ddtree budget and the best; unplanned methods '-'."""
+    """Tokens/s per planned (T, concurrency): ar, dflash, every ddtree budget and the best (medians over the
+    passes); unplanned methods '-'."""
     fmt = lambda x: MISSING if x is None else f"{x:.1f}"  # noqa: E731
     ratio = lambda a, b: "-" if a is None or not b else f"{a / b:.2f}x"  # noqa: E731
     lines = [f"{'T':>4} {'conc':>5} {'ar tok/s':>9} {'dflash':>9} {'best ddtree':>12} {'budget':>7} "
              f"{'/dflash':>8} {'/ar':>6}   ddtree tok/s per budget"]
     for temperature in plan["temperatures"]:
         for level in plan["levels"]:
-            at = {(r["method"], r["budget"]): r["output_tokens_per_s"] for r in rows
-                  if r["temperature"] == temperature and r["concurrency"] == level}
+            at = cell_medians(rows, temperature, level)
             rate = lambda m: at.get((m, 0)) if m in plan["methods"] else None  # noqa: E731
             cell = lambda m: fmt(rate(m)) if m in plan["methods"] else "-"  # noqa: E731
             trees = {b: at.get(("ddtree", b)) for b in plan["budgets"]} if "ddtree" in plan["methods"] else {}
@@ -212,7 +268,10 @@ def report(rows: list[dict[str, Any]], servers: dict[str, dict[str, Any]], plan:
         return f"{seconds:.1f} s" if seconds is not None else "not ready" if m in servers else "not started"
 
     lines = ["server start-up: " + ", ".join(f"{m} {start(m)}" for m in plan["methods"]), "",
-             summary_table(rows, plan), "",
+             summary_table(rows, plan), ""]
+    if any(r.get("repeat", 0) > 0 for r in rows):
+        lines += ["per pass (interleaved: each level measures every method back to back):", repeats_table(rows, plan), ""]
+    lines += [
              f"{'method':<7} {'budget':>6} {'T':>4} {'conc':>5} {'requests':>8} {'seconds':>8} {'tok/s':>9} "
              f"{'TPOT ms':>8} {'errors':>6}   level (probes included)"]
     for r in rows:
@@ -239,21 +298,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-requests", type=int, default=2000, help="at most this many requests in one level")
     ap.add_argument("--time-budget-s", type=float, default=None,
                     help="seconds from the start: no server or level is started that would not fit")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="passes over the levels; every server stays up and each level measures all methods "
+                         "back to back (the summary reports medians, the per-pass table the spread)")
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--max-seq-len", type=int, default=2048)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--health-timeout-s", type=float, default=300.0)
     args = ap.parse_args(argv)
-    if args.min_requests < 1 or args.max_requests < 1 or args.min_seconds < 0:
-        ap.error("--min-requests and --max-requests must be >= 1, --min-seconds >= 0")
+    if args.min_requests < 1 or args.max_requests < 1 or args.min_seconds < 0 or args.repeats < 1:
+        ap.error("--min-requests, --max-requests and --repeats must be >= 1, --min-seconds >= 0")
     args.prompts = args.prompts or str(Path(args.pair) / "prompts" / "heldout.jsonl")
     out = Path(os.environ.get("OUT") or "results/serve_sweep")
     out.mkdir(parents=True, exist_ok=True)
     sweep = Sweep(args, out)
     budgets = sweep.plan()["budgets"]
-    for method in sweep.plan()["methods"]:
-        sweep.run_server(method, budgets if method == "ddtree" else [None])
+    servers = []
+    try:
+        cells = []
+        for method in sweep.plan()["methods"]:
+            server = sweep.start_server(method, budgets if method == "ddtree" else [None])
+            if server is not None:
+                servers.append(server)
+                cells += [(method, b, server) for b in (budgets if method == "ddtree" else [None])]
+        if cells:
+            sweep.measure(cells)
+    finally:
+        for server in servers:
+            stop_server(server)
     print(sweep.write())
     return 1 if any(s["startup_s"] is None for s in sweep.servers.values()) else 0
 

@@ -76,3 +76,22 @@ def test_summary_marks_cells_not_measured(sweep: ModuleType) -> None:
     text = sweep.report(rows, {"dflash": {"startup_s": 25.0}, "ddtree": {"startup_s": None}}, plan, "time budget")
     assert "ar not started" in text and "dflash 25.0 s" in text and "ddtree not ready" in text
     assert "stopped early (time budget)" in text
+
+
+def test_repeats_report_medians_per_pass_ratios_and_spread(sweep: ModuleType) -> None:
+    plan = {"methods": ["ar", "dflash", "ddtree"], "budgets": [16, 32], "temperatures": [0.0], "levels": [8]}
+    base = {"temperature": 0.0, "concurrency": 8, "requests": 40, "errors": 0, "duration_s": 3.1,
+            "mean_tpot": 0.001, "level_requests": 56, "level_seconds": 3.6, "short": False}
+    rates = {("ar", 0): [100.0, 110.0, 90.0], ("dflash", 0): [200.0, 150.0, 180.0],
+             ("ddtree", 16): [210.0, 200.0, 190.0], ("ddtree", 32): [240.0, 220.0, 260.0]}
+    rows = [{**base, "method": m, "budget": b, "repeat": rep, "output_tokens_per_s": x}
+            for (m, b), xs in rates.items() for rep, x in enumerate(xs)]
+    table = sweep.summary_table(rows, plan).splitlines()
+    cells = table[1].split()
+    assert cells[2:6] == ["100.0", "180.0", "240.0", "32"]  # medians; best budget by median
+    assert cells[6] == f"{240 / 180:.2f}x"
+    text = sweep.report(rows, {m: {"startup_s": 1.0} for m in plan["methods"]}, plan, None)
+    passes = [line.split() for line in text.splitlines() if line.split()[:2] == ["0", "8"] and len(line.split()) == 9]
+    assert [p[2] for p in passes] == ["1", "2", "3"]
+    assert [p[7] for p in passes] == ["1.20x", "1.47x", "1.44x"]  # ddtree(32) / dflash within each pass
+    assert "spread (max / min over passes): ar 1.22, dflash 1.33, ddtree 1.18" in text
