@@ -358,19 +358,21 @@ class BatchedEngine:
         with torch.no_grad():
             times = self._run(program)
             tokens, counts, expected = self._read_outputs(n)
-        if counts[:, 1].any():
+        # to Python lists once: indexing a tensor per row and field cost ~3 us each (~0.13 ms a round at 8 rows)
+        tokens, counts, expected = tokens.tolist(), counts.tolist(), expected.tolist()
+        if any(bad for _, bad in counts):
             self._fail_all(ValueError("draft logits contain non-finite values (nan or inf)"))
             raise ValueError("draft logits contain non-finite values (nan or inf)")
         finished = []
         for row, entry in enumerate(self._active):
-            k = int(counts[row, 0])
+            k = counts[row][0]
             entry.rounds += 1
             entry.accept_lens.append(k - 1)
-            entry.expected.append(float(expected[row, 0]))
-            entry.entropies.append(float(expected[row, 1]))
+            entry.expected.append(expected[row][0])
+            entry.entropies.append(expected[row][1])
             for stage, seconds in times.items():
                 entry.stage_times[stage] += seconds
-            self._emit(entry, tokens[row, :k].tolist())
+            self._emit(entry, tokens[row][:k])
             if entry.state.finish_reason is not None:
                 finished.append(row)
         return self._finish_rows(finished)
