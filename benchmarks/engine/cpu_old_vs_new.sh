@@ -2,12 +2,13 @@
 # The CPU engine, old vs new, on the shipped default pair (issue 12: "CPU: nothing slower than today").
 # Old = the Hugging Face engine as it was before the batched engine (the parent of c10099a), new = this checkout;
 # the README's engine command for each, interleaved old, new, new, old so drift of the machine hits both alike.
-#   bash benchmarks/engine/cpu_old_vs_new.sh [OUT_DIR]      (about 10 minutes on 2 cores)
+#   [OLD_REV=<rev>] bash benchmarks/engine/cpu_old_vs_new.sh [OUT_DIR]      (about 10 minutes on 2 cores; OLD_REV
+#   defaults to the parent of c10099a)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-results/cpu_old_vs_new}; mkdir -p "$OUT"
 OLD=$(mktemp -d); trap 'rm -rf "$OLD"' EXIT
-git archive c10099a^ src | tar -x -C "$OLD"
+git archive "${OLD_REV:-c10099a^}" src | tar -x -C "$OLD"
 PAIR=src/ddtree/models/embedded/small-seed0
 bench() {  # $1 = old|new, $2 = pass number
     src=$PWD/src; [ "$1" = old ] && src=$OLD/src

@@ -10,7 +10,7 @@ export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton_c
 OUT=${OUT:-results/h200_s10_a}; R="$OUT/a"; mkdir -p "$R"
 python3 benchmarks/versions.py torch transformers triton > "$R/versions.txt" 2>&1
 timeout -k 5 "${T_BEAM:-200}" python3 benchmarks/beam_launch.py --widths 64,128,32 --batch-sizes 1,8 \
-    --warps 4,8,16 --deadline-s "$(( ${T_BEAM:-200} - 30 ))" --json-out "$R/beam_launch.json" > "$R/beam_launch.txt" 2>&1
+    --warps 4,8 --prunes 0,2,4 --deadline-s "$(( ${T_BEAM:-200} - 30 ))" --json-out "$R/beam_launch.json" > "$R/beam_launch.txt" 2>&1
 echo "beam launch rc=$?"; grep -v -i warn "$R/beam_launch.txt" | tail -30
 timeout -k 5 "${T_COST:-330}" python3 -m ddtree.cli bench engine --random-weights qwen3-8b --budgets 16,64,128 \
     --batch-sizes 1,8 --rounds 30 --tau 6.58,10.73 --profile-kernels 10 \

@@ -219,6 +219,44 @@ def test_triton_beam_equals_torch_beam(width: int, ties: bool) -> None:
         assert torch.equal(a, b)
 
 
+def _pruned_depths(logq: torch.Tensor, beam_logw: torch.Tensor, js: torch.Tensor, rs: torch.Tensor,
+                   width: int, cap: int) -> int:
+    """How many (request, depth) steps the tau cut leaves at most `cap` candidates (the compacted branch)."""
+    b, d, _ = logq.shape
+    hits = 0
+    for i in range(b):
+        for depth in range(1, d):
+            tau = beam_logw[i, depth - 1, width - 1] + logq[i, depth, 0]
+            cand = beam_logw[i, depth - 1, js] + logq[i, depth, rs]
+            hits += int((cand >= tau).sum()) <= cap
+    return hits
+
+
+@pytest.mark.parametrize("width, prune", [(8, 16), (32, 64), (64, 128), (128, 256)])
+@pytest.mark.parametrize("scale", [2.0, 12.0])
+@pytest.mark.parametrize("ties", [False, True])
+def test_the_tau_cut_keeps_the_beam_exact(width: int, prune: int, scale: float, ties: bool) -> None:
+    """The beam with the tau cut (sorting only the candidates scoring at least logw[W-1] + logq[0] when they fit
+    the cut's size) equals the torch beam, ties and -inf padding included; both branches are exercised."""
+    from ddtree.core.triton_build import beam_search
+
+    d = 4 if not ON_CUDA else 15
+    gen = torch.Generator().manual_seed(width * 7 + prune)
+    x = torch.randn((2 * d, 4 * width), generator=gen) * scale
+    if ties:
+        x = x.round()
+    logq, ids, _ = _vocab_step_torch(x, width)
+    logq, ids = logq.view(2, d, width).to(DEVICE), ids.view(2, d, width).to(DEVICE)
+    js, rs, pair_low = _candidate_pairs(width, width, DEVICE)
+    ref = _beam_torch(logq, ids, js, rs, pair_low, width)
+    got = beam_search(logq, ids, js, rs, width, prune=prune)
+    for a, b in zip(got, ref):
+        assert torch.equal(a, b)
+    if not ties and not ON_CUDA:  # these inputs (D = 4) take both branches: some depths fit the cut, others sort every candidate
+        fits = _pruned_depths(logq.cpu(), ref[0].cpu(), js.cpu(), rs.cpu(), width, max(prune, 2 * width))
+        assert 0 < fits < 2 * (d - 1)
+
+
 @pytest.mark.parametrize("width, budget", [(1, 1), (1, 3), (2, 1), (8, 8), (64, 64), (128, 128), (16, 40)])
 @pytest.mark.parametrize("ties", [False, True])
 def test_triton_tree_from_beam_equals_torch(width: int, budget: int, ties: bool) -> None:

@@ -450,9 +450,13 @@ def select_launcher(
 
 
 @triton.jit
-def _beam_depth(d, lq, ids, ol, ot, op, jj, rr, low, m_mask, w_offs, w_mask, K: tl.constexpr, W: tl.constexpr,
-                W_PAD: tl.constexpr):
-    """One depth of the beam: best W of the candidates (parent jj, rank rr), same keys as the torch loop."""
+def _beam_depth(d, lq, ids, ol, ot, op, jj, rr, low, m_mask, w_offs, w_mask, scratch, K: tl.constexpr,
+                W: tl.constexpr, W_PAD: tl.constexpr, PRUNE_PAD: tl.constexpr):
+    """One depth of the beam: best W of the candidates (parent jj, rank rr), same keys as the torch loop.
+
+    PRUNE_PAD > 0: the candidates (j, 0), j < W, all score at least tau = logw[W - 1] + logq[0] (both rows are
+    sorted descending), so the W best score >= tau and every candidate below tau can go. When at most PRUNE_PAD
+    candidates are left they are compacted (through `scratch`) and only those are sorted; else all M are."""
     tl.debug_barrier()  # the previous depth's beam was stored by other threads of this program
     cand = tl.load(ol + (d - 1) * W + jj, mask=m_mask, other=float("-inf")) + tl.load(
         lq + d * K + rr, mask=m_mask, other=float("-inf")
@@ -462,7 +466,21 @@ def _beam_depth(d, lq, ids, ol, ot, op, jj, rr, low, m_mask, w_offs, w_mask, K: 
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
     key = (ordered.to(tl.int64) << 32) + low
     key = tl.where(m_mask, key, -9223372036854775807 - 1)
-    top = tl.topk(key, W_PAD)  # [W_PAD] descending
+    if PRUNE_PAD > 0:
+        tau = tl.load(ol + (d - 1) * W + (W - 1)) + tl.load(lq + d * K)
+        keep = m_mask & (cand >= tau)
+        kept = tl.sum(keep.to(tl.int32), 0)
+        if kept <= PRUNE_PAD:
+            slot = tl.cumsum(keep.to(tl.int32), 0) - 1
+            tl.store(scratch + slot, key, mask=keep)
+            tl.debug_barrier()  # the kept keys were stored by other threads of this program
+            c_offs = tl.arange(0, PRUNE_PAD)
+            small = tl.load(scratch + c_offs, mask=c_offs < kept, other=-9223372036854775807 - 1)
+            top = tl.topk(small, W_PAD)
+        else:
+            top = tl.topk(key, W_PAD)
+    else:
+        top = tl.topk(key, W_PAD)  # [W_PAD] descending
     flat = 4294967295 - (top & 4294967295)
     j = flat // K
     r = flat % K
@@ -484,6 +502,7 @@ def _beam_kernel(
     out_logw_ptr,  # [B, D, W] float32
     out_tok_ptr,  # [B, D, W] int64
     out_par_ptr,  # [B, D, W] int64 (parent's position in the previous depth's beam)
+    scratch_ptr,  # [B, PRUNE_PAD] int64 (pruned candidates' keys; unused when PRUNE_PAD = 0)
     D: tl.constexpr,
     K: tl.constexpr,
     W: tl.constexpr,
@@ -491,6 +510,7 @@ def _beam_kernel(
     W_PAD: tl.constexpr,
     M_PAD: tl.constexpr,
     UNROLL: tl.constexpr,  # unroll the depth loop (measured for W <= 64); a runtime loop keeps compile time bounded
+    PRUNE_PAD: tl.constexpr,  # sort at most this many candidates after the tau cut (0: sort all M)
 ):
     """The per-depth beam of one request, all depths in one program (same keys as the torch loop)."""
     b = tl.program_id(0).to(tl.int64)
@@ -499,6 +519,7 @@ def _beam_kernel(
     ol = out_logw_ptr + b * (D * W)
     ot = out_tok_ptr + b * (D * W)
     op = out_par_ptr + b * (D * W)
+    scratch = scratch_ptr + b * PRUNE_PAD
     w_offs = tl.arange(0, W_PAD)
     w_mask = w_offs < W
     first = tl.load(lq + w_offs, mask=w_offs < K, other=float("-inf"))
@@ -512,10 +533,10 @@ def _beam_kernel(
     low = 4294967295 - (jj * K + rr)  # smaller candidate number wins ties
     if UNROLL:
         for d in tl.static_range(1, D):
-            _beam_depth(d, lq, ids, ol, ot, op, jj, rr, low, m_mask, w_offs, w_mask, K, W, W_PAD)
+            _beam_depth(d, lq, ids, ol, ot, op, jj, rr, low, m_mask, w_offs, w_mask, scratch, K, W, W_PAD, PRUNE_PAD)
     else:
         for d in range(1, D):
-            _beam_depth(d, lq, ids, ol, ot, op, jj, rr, low, m_mask, w_offs, w_mask, K, W, W_PAD)
+            _beam_depth(d, lq, ids, ol, ot, op, jj, rr, low, m_mask, w_offs, w_mask, scratch, K, W, W_PAD, PRUNE_PAD)
 
 
 # widths up to this unroll the depth loop (the configuration measured on an H200); wider ones loop at runtime
@@ -524,13 +545,14 @@ BEAM_UNROLL_MAX_WIDTH = 64
 
 def beam_search(
     logq: torch.Tensor, ids: torch.Tensor, js: torch.Tensor, rs: torch.Tensor, width: int, *,
-    unroll: bool | None = None, num_warps: int | None = None,
+    unroll: bool | None = None, num_warps: int | None = None, prune: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Triton twin of build._beam_torch: logq/ids [B, D, K] -> beam logw/token/parent [B, D, W].
 
     Widths <= BEAM_UNROLL_MAX_WIDTH unroll the depth loop (static_range, measured on an H200); wider beams
     use a runtime depth loop so that compile time does not grow with D (14 unrolled bitonic sorts of 1024 /
-    2048 int64 keys compiled for minutes). `unroll` / `num_warps` override the launch (benchmarks/beam_launch.py).
+    2048 int64 keys compiled for minutes). `unroll` / `num_warps` override the launch, `prune` the tau cut's
+    sort size (0: off, the default until measured; benchmarks/beam_launch.py measures all three).
     """
     b, d, k = logq.shape
     m = js.numel()
@@ -540,9 +562,15 @@ def beam_search(
     out_tok = torch.empty((b, d, width), dtype=torch.int64, device=logq.device)
     out_par = torch.empty((b, d, width), dtype=torch.int64, device=logq.device)
     m_pad = triton.next_power_of_2(m)
+    w_pad = triton.next_power_of_2(width)
+    # at least 2 W: W candidates always pass the cut (the (j, 0)), so a cut of W would never fit
+    prune_pad = 0 if not prune else max(triton.next_power_of_2(prune), 2 * w_pad, 16)
+    if prune_pad >= m_pad:
+        prune_pad = 0  # nothing to gain: the cut sorts as many keys as the whole
+    scratch = torch.empty((b, max(prune_pad, 1)), dtype=torch.int64, device=logq.device)
     _beam_kernel[(b,)](
-        logq, ids, js, rs, out_logw, out_tok, out_par,
-        D=d, K=k, W=width, M=m, W_PAD=triton.next_power_of_2(width), M_PAD=m_pad,
+        logq, ids, js, rs, out_logw, out_tok, out_par, scratch,
+        D=d, K=k, W=width, M=m, W_PAD=w_pad, M_PAD=m_pad, PRUNE_PAD=prune_pad,
         UNROLL=width <= BEAM_UNROLL_MAX_WIDTH if unroll is None else unroll,
         num_warps=(8 if m_pad >= 2048 else 4) if num_warps is None else num_warps,
     )
