@@ -7,12 +7,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
-if ls .whl/*.whl > /dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-export TRITON_CACHE_DIR="$PWD/.triton_cache"
+# the tests need no server wheels; h200_pair_sweep_call.sh installs them for the sweep
+export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton_cache"
 OUT=${OUT:-results/h200_s9_a}; R="$OUT/tests"; mkdir -p "$R"
 timeout -k 5 "${T_TESTS:-120}" python3 -m pytest -q -p no:cacheprovider tests/core/test_build_sampling.py \
     "tests/core/test_triton_build.py" -k "cuda or tree_from_beam" > "$R/pytest_core.txt" 2>&1

@@ -318,10 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cells = []
         for method in sweep.plan()["methods"]:
-            server = sweep.start_server(method, budgets if method == "ddtree" else [None])
+            method_budgets = budgets if method == "ddtree" else [None]
+            server = sweep.start_server(method, method_budgets)
             if server is not None:
                 servers.append(server)
-                cells += [(method, b, server) for b in (budgets if method == "ddtree" else [None])]
+                cells += [(method, b, server) for b in method_budgets]
         if cells:
             sweep.measure(cells)
     finally:

@@ -567,7 +567,8 @@ def beam_search(
     prune_pad = 0 if not prune else max(triton.next_power_of_2(prune), 2 * w_pad, 16)
     if prune_pad >= m_pad:
         prune_pad = 0  # nothing to gain: the cut sorts as many keys as the whole
-    scratch = torch.empty((b, max(prune_pad, 1)), dtype=torch.int64, device=logq.device)
+    # the cut's compaction buffer; without the cut the kernel never touches it (any int64 pointer will do)
+    scratch = torch.empty((b, prune_pad), dtype=torch.int64, device=logq.device) if prune_pad else out_par
     _beam_kernel[(b,)](
         logq, ids, js, rs, out_logw, out_tok, out_par, scratch,
         D=d, K=k, W=width, M=m, W_PAD=w_pad, M_PAD=m_pad, PRUNE_PAD=prune_pad,

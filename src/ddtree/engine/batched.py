@@ -550,7 +550,7 @@ class BatchedEngine:
             host = torch.zeros(length + 2, dtype=torch.int64)
             host[:p] = torch.tensor(request.input_ids, dtype=torch.int64)
             host[length], host[length + 1] = p - 1, row
-            prog["inputs"].copy_(host.to(dev, non_blocking=True))
+            prog["inputs"].copy_(host)  # one host-to-device copy into the program's static input
             prog["stage"]()
             logits = prog["logits"]
         else:  # straight into the slot: the CPU, and prompts beyond the largest bucket

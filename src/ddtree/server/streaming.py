@@ -75,14 +75,13 @@ class TokenStream:
         item = await self._queue.get()
         if not isinstance(item, list):
             return item
-        merged = item
-        while not self._queue.empty():
+        while not self._queue.empty():  # `item` is this stream's own list (on_tokens copies), extended in place
             following = self._queue.get_nowait()
             if not isinstance(following, list):
                 self._held = following
                 break
-            merged = merged + following
-        return merged
+            item.extend(following)
+        return item
 
 
 def render_text(
