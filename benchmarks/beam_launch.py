@@ -1,6 +1,6 @@
 """The one-program beam kernel (`triton_build._beam_kernel`) over its launch choices: unrolled or runtime depth
 loop, warps, and the tau cut (`prune`: sort only the candidates scoring at least logw[W-1] + logq[0] when at
-most that many are left; off by default until measured), per beam width (= budget) and batch, against the
+most that many are left; 4 W by default from width 64 on), per beam width (= budget) and batch, against the
 default launch; every output is checked against the torch beam. The draft logits are randn x --scale (12 by
 default: peaky rows, as a trained drafter gives; flat rows leave more candidates above the cut).
 Prints one line per configuration as it goes and stops starting new ones at --deadline-s.
@@ -18,7 +18,7 @@ import torch
 
 from ddtree.bench.core import time_call
 from ddtree.core.build import _beam_torch, _candidate_pairs, depth_topk
-from ddtree.core.triton_build import BEAM_UNROLL_MAX_WIDTH, beam_search
+from ddtree.core.triton_build import BEAM_UNROLL_MAX_WIDTH, PRUNE_MIN_WIDTH, PRUNE_WIDTHS, beam_search
 
 
 def main() -> int:
@@ -48,7 +48,8 @@ def main() -> int:
             # runtime loops first: unrolled beams compile for tens of seconds (wider than 64: minutes, not tried)
             w_pad = 1 << (width - 1).bit_length()
             prunes = [int(x) * w_pad for x in args.prunes.split(",")]
-            configs = [(None, None, 0)] + [(u, w, p) for u in (False, True)
+            default_prune = PRUNE_WIDTHS * w_pad if width >= PRUNE_MIN_WIDTH else 0
+            configs = [(None, None, None)] + [(u, w, p) for u in (False, True)
                                            for w in (int(x) for x in args.warps.split(",")) for p in prunes
                                            if not (u and width > 64)]
             for unroll, warps, prune in configs:
@@ -67,11 +68,12 @@ def main() -> int:
                     ok, ms = False, float("nan")
                     print(f"  failed: {exc!s:.200}", flush=True)
                 row = {"width": width, "batch": batch, "m": js.numel(),
-                       "unroll": default if unroll is None else unroll, "warps": warps or "default", "prune": prune,
+                       "unroll": default if unroll is None else unroll, "warps": warps or "default",
+                       "prune": default_prune if prune is None else prune,
                        "is_default": unroll is None, "us": ms * 1e3, "equal": ok}
                 rows.append(row)
                 print(f"W {width:4d} B {batch:3d} M {js.numel():5d} unroll {row['unroll']!s:5} warps "
-                      f"{row['warps']!s:7} prune {prune:4d} {row['us']:9.1f} us  equal {ok}{'  (default)' if unroll is None else ''}",
+                      f"{row['warps']!s:7} prune {row['prune']:4d} {row['us']:9.1f} us  equal {ok}{'  (default)' if unroll is None else ''}",
                       flush=True)
     return _done(rows, args)
 

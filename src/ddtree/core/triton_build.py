@@ -541,6 +541,11 @@ def _beam_kernel(
 
 # widths up to this unroll the depth loop (the configuration measured on an H200); wider ones loop at runtime
 BEAM_UNROLL_MAX_WIDTH = 64
+# the tau cut's default: from this width on, sort at most PRUNE_WIDTHS x the padded width after the cut. Measured on
+# the H200 (benchmarks/beam_launch.py, W = 64, B = 1, peaky logits): 62.7 us -> 48.2-49.8 us with a cut of 4 W,
+# no gain with 2 W (the cut rarely fits it); narrower beams sort 256 keys or fewer anyway
+PRUNE_MIN_WIDTH = 64
+PRUNE_WIDTHS = 4
 
 
 def beam_search(
@@ -552,7 +557,8 @@ def beam_search(
     Widths <= BEAM_UNROLL_MAX_WIDTH unroll the depth loop (static_range, measured on an H200); wider beams
     use a runtime depth loop so that compile time does not grow with D (14 unrolled bitonic sorts of 1024 /
     2048 int64 keys compiled for minutes). `unroll` / `num_warps` override the launch, `prune` the tau cut's
-    sort size (0: off, the default until measured; benchmarks/beam_launch.py measures all three).
+    sort size (0: off; None: PRUNE_WIDTHS x the padded width from PRUNE_MIN_WIDTH on; benchmarks/beam_launch.py
+    measures all three).
     """
     b, d, k = logq.shape
     m = js.numel()
@@ -563,6 +569,8 @@ def beam_search(
     out_par = torch.empty((b, d, width), dtype=torch.int64, device=logq.device)
     m_pad = triton.next_power_of_2(m)
     w_pad = triton.next_power_of_2(width)
+    if prune is None:
+        prune = PRUNE_WIDTHS * w_pad if width >= PRUNE_MIN_WIDTH else 0
     # at least 2 W: W candidates always pass the cut (the (j, 0)), so a cut of W would never fit
     prune_pad = 0 if not prune else max(triton.next_power_of_2(prune), 2 * w_pad, 16)
     if prune_pad >= m_pad:
