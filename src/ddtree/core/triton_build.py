@@ -542,8 +542,9 @@ def _beam_kernel(
 # widths up to this unroll the depth loop (the configuration measured on an H200); wider ones loop at runtime
 BEAM_UNROLL_MAX_WIDTH = 64
 # the tau cut's default: from this width on, sort at most PRUNE_WIDTHS x the padded width after the cut. Measured on
-# the H200 (benchmarks/beam_launch.py, W = 64, B = 1, peaky logits): 62.7 us -> 48.2-49.8 us with a cut of 4 W,
-# no gain with 2 W (the cut rarely fits it); narrower beams sort 256 keys or fewer anyway
+# the H200 (benchmarks/beam_launch.py, peaky logits): W = 64, B = 1: 62.7 us -> 48.2 us with a cut of 4 W (no gain
+# with 2 W: the cut rarely fits it); W = 128: 91 -> 71 us (B = 1), 90 -> 63 us (B = 8); narrower beams sort 256
+# keys or fewer anyway
 PRUNE_MIN_WIDTH = 64
 PRUNE_WIDTHS = 4
 
@@ -580,8 +581,10 @@ def beam_search(
     _beam_kernel[(b,)](
         logq, ids, js, rs, out_logw, out_tok, out_par, scratch,
         D=d, K=k, W=width, M=m, W_PAD=w_pad, M_PAD=m_pad, PRUNE_PAD=prune_pad,
-        UNROLL=width <= BEAM_UNROLL_MAX_WIDTH if unroll is None else unroll,
-        num_warps=(8 if m_pad >= 2048 else 4) if num_warps is None else num_warps,
+        # with the cut: the runtime depth loop and 8 warps, the configuration measured (W = 64: 48.2 us; W = 128:
+        # 71.2 us at B = 1, 62.9 at B = 8, vs 91 without the cut)
+        UNROLL=(width <= BEAM_UNROLL_MAX_WIDTH and not prune_pad) if unroll is None else unroll,
+        num_warps=(8 if m_pad >= 2048 or prune_pad else 4) if num_warps is None else num_warps,
     )
     return out_logw, out_tok, out_par
 
