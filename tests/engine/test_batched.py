@@ -14,7 +14,7 @@ import torch
 from ddtree.engine import GenerationRequest
 from ddtree.engine.batched import BatchedEngine, batch_buckets
 from ddtree.engine.engine import DecodingEngine
-from ddtree.engine.rng import mix32, uniforms
+from ddtree.engine.rng import mix32, request_keys, uniforms
 from ddtree.models.pair import load_pair
 
 CONFIGS = [("ar", 1), ("dflash", 1), ("ddtree", 16), ("ddtree", 5)]
@@ -293,3 +293,51 @@ def test_warmup_builds_the_prefill_programs(tiny_pair):
     engine = BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=2, prefill_graphs=True)
     engine.warmup([("ddtree", 8), ("ar", 1)])
     assert set(engine._prefills) == {(length, d) for length in engine.prefill_buckets for d in (False, True)}
+
+
+def _row_state(engine: BatchedEngine, row: int) -> list:
+    return [t[row].clone() for t in engine._state_tensors()]
+
+
+def test_admission_fields_and_row_retirement(pair, prompts):
+    """The device-side bookkeeping (`_admit_row` inside the staged prefill, `_retire` on finish): each field lands in
+    its row, the staged and the direct path write the same state, a finished row takes the last row's state and
+    cache slot, and the vacated row is cleared to a free row's state."""
+    staged = BatchedEngine(pair, budget=8, max_batch=3, prefill_graphs=True)
+    direct = BatchedEngine(pair, budget=8, max_batch=3)
+    requests = [GenerationRequest(input_ids=prompts[0], max_new_tokens=8, seed=10),
+                GenerationRequest(input_ids=prompts[1], max_new_tokens=8, temperature=0.7, top_k=5, seed=11),
+                GenerationRequest(input_ids=prompts[2], max_new_tokens=8, temperature=1.3, top_p=0.9, seed=12)]
+    for engine in (staged, direct):
+        for request in requests:
+            engine.admit(request, method="ddtree", budget=8)
+    for row, request in enumerate(requests):
+        assert int(staged.committed[row]) == len(request.input_ids)
+        assert bool(staged.active_rows[row]) and int(staged.counter[row]) == 1 and int(staged.pending_len[row]) == 0
+        assert float(staged.temperature[row]) == pytest.approx(request.temperature)
+        assert int(staged.top_k[row]) == request.top_k and float(staged.top_p[row]) == pytest.approx(request.top_p)
+        assert int(staged.bonus[row]) == staged._active[row].state.output_ids[0]
+        assert int(staged.coin_key[row]) == int(request_keys(torch.tensor([request.seed]))[0])
+        for a, b in zip(_row_state(staged, row), _row_state(direct, row)):
+            assert torch.equal(a, b)
+        for cache in ("target_cache", "drafter_cache"):  # the prompt's rows of the slot (padding rows lie beyond)
+            n = len(request.input_ids)
+            for name in ("keys", "values"):
+                got = getattr(getattr(staged, cache), name)[:, row, :, :n]
+                want = getattr(getattr(direct, cache), name)[:, row, :, :n]
+                torch.testing.assert_close(got, want)
+    last_state = _row_state(staged, 2)
+    last_keys = staged.target_cache.keys[:, 2].clone()
+    staged._active[0].state.finish_reason = "length"
+    finished = staged._finish_rows([0])
+    assert [e.request for e in finished] == [requests[0]] and [e.request for e in staged._active] == requests[2:0:-1]
+    for a, b in zip(_row_state(staged, 0), last_state):
+        assert torch.equal(a, b)
+    assert torch.equal(staged.target_cache.keys[:, 0], last_keys)
+    free = BatchedEngine(pair, budget=8, max_batch=3)
+    for a, b in zip(_row_state(staged, 2), _row_state(free, 2)):
+        assert torch.equal(a, b)
+    staged._active[1].state.finish_reason = "length"  # the last row itself: only cleared
+    staged._finish_rows([1])
+    assert not bool(staged.active_rows[1]) and int(staged.committed[1]) == 0
+    assert bool(staged.active_rows[0]) and int(staged.committed[0]) == len(requests[2].input_ids)

@@ -60,6 +60,9 @@ Variant = tuple  # ("greedy",) or ("sample", top_k bucket, uses top_p, walks: LA
 # which sampled walks a round runs: every row takes the walk its own parameters choose (`lazy_rows`), so a seeded
 # request draws the same tokens whatever shares its batch
 TORCH, LAZY, BOTH = 0, 1, 2
+# after a prompt's tokens, the staged prefill's input holds the admitted row's fields (`BatchedEngine._admit_row`):
+# last prompt index, row, top_k, seed, then temperature and top_p as two float32 in one int64
+ADMIT_FIELDS = 5
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -221,6 +224,8 @@ class BatchedEngine:
         self._host_counts = torch.empty((m, 2), dtype=torch.int64, pin_memory=pin)
         self._host_expected = torch.empty((m, 2), dtype=torch.float32, pin_memory=pin)
         self._copied = torch.cuda.Event() if pin else None
+        self._retire_moves = torch.zeros(2, **i64)  # (src, dst) rows of `_retire`
+        self._retire_stage: _Stage | None = None
 
         self._active: list[_Active] = []
         self._group: tuple[str, int] | None = None
@@ -261,6 +266,8 @@ class BatchedEngine:
                     self._prefill_program(length, with_drafter, row=len(self._active))
         if self.prefill_buckets:
             log.info("prefill programs for lengths %s: %.2f s", self.prefill_buckets, time.perf_counter() - t)
+        with torch.no_grad():
+            self._retire_program()
         self._reset_rows(range(len(self._active), self.max_batch))
         log.info("round programs ready for %s, buckets %s (%.1f s)", pairs, self.buckets, time.perf_counter() - t0)
 
@@ -479,14 +486,49 @@ class BatchedEngine:
             entry.output = self._output(entry)
             finished.append(entry)
             last = len(self._active) - 1
+            self._retire(last, row)
             if row != last:
-                self._move_row(last, row)
                 self._active[row] = self._active[last]
             self._active.pop()
-            self._reset_rows([last])
         if not self._active:
             self._group = None
         return finished
+
+    def _retire(self, src: int, dst: int) -> None:
+        """Row `src` (the last active one) into row `dst` (a finished one), then `src` cleared; src == dst only
+        clears. One input copy and one replay under graphs (~25 launches eagerly)."""
+        stage = self._retire_program()
+        self._retire_moves.copy_(torch.tensor([src, dst], dtype=torch.int64))
+        stage()
+
+    def _retire_program(self) -> _Stage:
+        """`_retire`'s stage, captured on first use. The capture's runs move row 0 onto itself (a no-op) and clear
+        it, and `_capture` restores every row's state afterwards, so it is safe with requests in the batch."""
+        if self._retire_stage is None:
+            self._retire_moves.zero_()
+            self._retire_stage = _Stage("retire", self._retire_fn)
+            self._capture(self._retire_stage)
+        return self._retire_stage
+
+    def _retire_fn(self) -> None:
+        """Capture-safe body of `_retire`, reading the rows from `_retire_moves` [2] (src, dst)."""
+        src, dst = self._retire_moves[0:1], self._retire_moves[1:2]
+        caches = [self.target_cache] + ([self.drafter_cache] if self.drafter_cache is not None else [])
+        for cache in caches:
+            for whole in (cache.keys, cache.values):  # [layers, slots, ...]
+                whole.index_copy_(1, dst, whole.index_select(1, src))
+        for t in self._state_tensors():
+            t.index_copy_(0, dst, t.index_select(0, src))
+        self._clear_rows(src)
+
+    def _clear_rows(self, index: torch.Tensor) -> None:
+        """The rows `index` ([R] int64, on the device) back to a free row's state (capture-safe)."""
+        for t in (self.committed, self.bonus, self.pending_len, self.counter, self.coin_key):
+            t.index_fill_(0, index, 0)
+        self.active_rows.index_fill_(0, index, False)
+        self.temperature.index_fill_(0, index, 0.0)
+        self.top_k.index_fill_(0, index, -1)
+        self.top_p.index_fill_(0, index, 1.0)
 
     def _fail_all(self, error: BaseException) -> list[_Active]:
         dropped, self._active = self._active, []
@@ -520,59 +562,61 @@ class BatchedEngine:
         return [self.committed, self.bonus, self.pending, self.pending_len, self.active_rows, self.temperature,
                 self.top_k, self.top_p, self.coin_key, self.counter]
 
-    def _move_row(self, src: int, dst: int) -> None:
-        self.target_cache.copy_slot(src, dst)
-        if self.drafter_cache is not None:
-            self.drafter_cache.copy_slot(src, dst)
-        for t in self._state_tensors():
-            t[dst] = t[src]
-
     def _reset_rows(self, rows: Iterable[int]) -> None:
         rows = list(rows)
-        if not rows:
-            return
-        index = torch.tensor(rows, device=self.device)
-        for t in (self.committed, self.bonus, self.pending_len, self.counter, self.coin_key):
-            t.index_fill_(0, index, 0)
-        self.active_rows.index_fill_(0, index, False)
-        self.temperature.index_fill_(0, index, 0.0)
-        self.top_k.index_fill_(0, index, -1)
-        self.top_p.index_fill_(0, index, 1.0)
+        if rows:
+            self._clear_rows(torch.tensor(rows, device=self.device))
 
     def _prefill(self, row: int, request: GenerationRequest, *, with_drafter: bool) -> int:
-        """Target forward over the prompt into `row`'s slot, the drafter context of the prompt, the first token."""
-        dev = self.device
+        """Target forward over the prompt into `row`'s slot, the drafter context of the prompt, the row's state
+        (`_admit_row`), the first token. Staged: one host-to-device copy and one replay under graphs."""
         p = len(request.input_ids)
         with_drafter = with_drafter and self.drafter is not None
         length = next((x for x in self.prefill_buckets if x >= p), None)
+        seed = request.seed if request.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+        width = length if length is not None else p
+        host = torch.zeros(width + ADMIT_FIELDS, dtype=torch.int64)  # tokens (padded), then the admission fields
+        host[:p] = torch.tensor(request.input_ids, dtype=torch.int64)
+        host[width : width + 4] = torch.tensor([p - 1, row, int(request.top_k), seed], dtype=torch.int64)
+        host[width + 4 :].view(torch.float32)[:] = torch.tensor([request.temperature, request.top_p])
         if length is not None:  # staged: padded to the bucket, one replay under graphs
             prog = self._prefill_program(length, with_drafter, row=row)
-            host = torch.zeros(length + 2, dtype=torch.int64)
-            host[:p] = torch.tensor(request.input_ids, dtype=torch.int64)
-            host[length], host[length + 1] = p - 1, row
-            prog["inputs"].copy_(host)  # one host-to-device copy into the program's static input
+            prog["inputs"].copy_(host)
             prog["stage"]()
             logits = prog["logits"]
         else:  # straight into the slot: the CPU, and prompts beyond the largest bucket
-            ids = torch.tensor([request.input_ids], dtype=torch.int64, device=dev)  # [1, P]
-            logits = self._prefill_forward(ids, torch.tensor([p - 1], device=dev), self.target_cache,
+            inputs = host.to(self.device)
+            logits = self._prefill_forward(inputs[:p].unsqueeze(0), inputs[p : p + 1], self.target_cache,
                                            self.drafter_cache if with_drafter else None, slot=row)
-        zero = torch.zeros(1, dtype=torch.int64, device=dev)
-        seed = request.seed if request.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
-        key = request_keys(torch.tensor([seed], dtype=torch.int64, device=dev))  # [1]
+            self._admit_row(inputs[p:], logits)
+        if request.temperature == 0:
+            return int(self.bonus[row])  # the argmax `_admit_row` wrote
+        # a sampled first token: counter 0 of the row's coin key (the rounds use 1, 2, ...)
+        dev = self.device
         params = SamplingParams(temperature=float(request.temperature), top_k=int(request.top_k),
                                 top_p=float(request.top_p))
-        first = pick_tokens(logits[:, 0], params, keyed_uniforms(key, zero, column_keys(1, dev)))  # [1]
-        self.committed[row] = p
-        self.bonus[row] = first[0]
-        self.pending_len[row] = 0
-        self.active_rows[row] = True
-        self.temperature[row] = float(request.temperature)
-        self.top_k[row] = int(request.top_k)
-        self.top_p[row] = float(request.top_p)
-        self.coin_key[row] = key[0]
-        self.counter[row] = 1
+        coins = keyed_uniforms(self.coin_key[row : row + 1], torch.zeros(1, dtype=torch.int64, device=dev),
+                               column_keys(1, dev))
+        first = pick_tokens(logits[:, 0], params, coins)  # [1]
+        self.bonus[row : row + 1].copy_(first)
         return int(first[0])
+
+    def _admit_row(self, fields: torch.Tensor, logits: torch.Tensor) -> None:
+        """Capture-safe: the admitted row's state from its admission fields, int64 [ADMIT_FIELDS] = (last prompt
+        index, row, top_k, seed, temperature and top_p as two float32), and the prompt's last logits [1, 1, V]
+        (the greedy first token goes to `bonus`; a sampled one replaces it). On the device, so that admitting a
+        request costs no per-field launches (~60 of them, with the coin key's hashing, before)."""
+        row = fields[1:2]
+        floats = fields[4:5].view(torch.float32)  # [2]
+        self.committed.index_copy_(0, row, fields[0:1] + 1)
+        self.bonus.index_copy_(0, row, logits[:, 0].argmax(dim=-1))
+        self.pending_len.index_fill_(0, row, 0)
+        self.active_rows.index_fill_(0, row, True)
+        self.temperature.index_copy_(0, row, floats[0:1])
+        self.top_k.index_copy_(0, row, fields[2:3])
+        self.top_p.index_copy_(0, row, floats[1:2])
+        self.coin_key.index_copy_(0, row, request_keys(fields[3:4]))
+        self.counter.index_fill_(0, row, 1)
 
     def _prefill_forward(self, tokens: torch.Tensor, last: torch.Tensor, target_cache, drafter_cache, *,
                          slot: int) -> torch.Tensor:
@@ -590,8 +634,9 @@ class BatchedEngine:
         return logits
 
     def _prefill_program(self, length: int, with_drafter: bool, *, row: int) -> dict[str, Any]:
-        """The staged prefill of one length bucket: inputs [L + 2] (tokens, last index, destination row) ->
-        the staging caches -> rows [0, L) of the destination slot; logits [1, 1, V]. Captured on first use
+        """The staged prefill of one length bucket: inputs [L + ADMIT_FIELDS] (tokens, then `_admit_row`'s fields:
+        last index, destination row, ...) -> the staging caches -> rows [0, L) of the destination slot, the row's
+        state; logits [1, 1, V]. Captured on first use
         with `row` (a free row: the capture's warm-up runs write it) as the destination."""
         key = (length, with_drafter)
         prog = self._prefills.get(key)
@@ -599,7 +644,7 @@ class BatchedEngine:
             return prog
         if self.use_graphs and self._active:
             log.warning("capturing the prefill of length %d during serving", length)
-        inputs = torch.zeros(length + 2, dtype=torch.int64, device=self.device)
+        inputs = torch.zeros(length + ADMIT_FIELDS, dtype=torch.int64, device=self.device)
         inputs[length + 1] = row
         pairs = [(self.target_cache, self.staging_target)]
         if with_drafter:
@@ -607,12 +652,13 @@ class BatchedEngine:
         prog = {"inputs": inputs}
 
         def prefill() -> None:
-            tokens, last, dst = inputs[:length].unsqueeze(0), inputs[length : length + 1], inputs[length + 1 :]
+            tokens, last, dst = inputs[:length].unsqueeze(0), inputs[length : length + 1], inputs[length + 1 : length + 2]
             prog["logits"] = self._prefill_forward(tokens, last, self.staging_target,
                                                    self.staging_drafter if with_drafter else None, slot=0)
             for cache, staging in pairs:
                 for whole, staged in ((cache.keys, staging.keys), (cache.values, staging.values)):
                     whole[:, :, :, :length].index_copy_(1, dst, staged[:, :, :, :length])
+            self._admit_row(inputs[length:], prog["logits"])
 
         prog["stage"] = _Stage("prefill", prefill)
         self._capture(prog["stage"])
