@@ -496,14 +496,20 @@ class BatchedEngine:
 
     def _retire(self, src: int, dst: int) -> None:
         """Row `src` (the last active one) into row `dst` (a finished one), then `src` cleared; src == dst only
-        clears. One input copy and one replay under graphs (~25 launches eagerly)."""
+        clears. The cache slots are copied directly (no copy when src == dst, no slot-sized temporary); the
+        per-row state moves and clears in one replay under graphs (~20 launches eagerly)."""
+        if src != dst:
+            for cache in (self.target_cache, self.drafter_cache):
+                if cache is not None:
+                    cache.keys[:, dst].copy_(cache.keys[:, src])
+                    cache.values[:, dst].copy_(cache.values[:, src])
         stage = self._retire_program()
         self._retire_moves.copy_(torch.tensor([src, dst], dtype=torch.int64))
         stage()
 
     def _retire_program(self) -> _Stage:
-        """`_retire`'s stage, captured on first use. The capture's runs move row 0 onto itself (a no-op) and clear
-        it, and `_capture` restores every row's state afterwards, so it is safe with requests in the batch."""
+        """`_retire`'s state stage, captured on first use. The capture's runs move row 0's state onto itself (a
+        no-op) and clear it, and `_capture` restores every row's state afterwards: safe with requests in the batch."""
         if self._retire_stage is None:
             self._retire_moves.zero_()
             self._retire_stage = _Stage("retire", self._retire_fn)
@@ -511,12 +517,8 @@ class BatchedEngine:
         return self._retire_stage
 
     def _retire_fn(self) -> None:
-        """Capture-safe body of `_retire`, reading the rows from `_retire_moves` [2] (src, dst)."""
+        """Capture-safe state part of `_retire`, reading the rows from `_retire_moves` [2] (src, dst)."""
         src, dst = self._retire_moves[0:1], self._retire_moves[1:2]
-        caches = [self.target_cache] + ([self.drafter_cache] if self.drafter_cache is not None else [])
-        for cache in caches:
-            for whole in (cache.keys, cache.values):  # [layers, slots, ...]
-                whole.index_copy_(1, dst, whole.index_select(1, src))
         for t in self._state_tensors():
             t.index_copy_(0, dst, t.index_select(0, src))
         self._clear_rows(src)
