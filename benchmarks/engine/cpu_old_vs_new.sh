@@ -15,7 +15,7 @@ bench() {  # $1 = old|new, $2 = pass number
     PYTHONPATH=$src python3 -m ddtree.cli bench engine --model "$PAIR" --num-prompts 16 --max-new-tokens 128 \
         --budgets 4,16,32,64 --temperatures 0,1 --threads 1 --no-progress \
         --json-out "$OUT/$1_$2.json" > "$OUT/$1_$2.txt" 2>&1
-    echo "$1 pass $2:"; grep -E "^ +(method|ar|dflash|ddtree)" "$OUT/$1_$2.txt" || tail -5 "$OUT/$1_$2.txt"
+    echo "$1 pass $2:"; grep -E "^ *(method|ar|dflash|ddtree) " "$OUT/$1_$2.txt" || tail -5 "$OUT/$1_$2.txt"
 }
 bench old 1; bench new 1; bench new 2; bench old 2
 python3 benchmarks/engine/compare_engine_runs.py "$OUT"/old_*.json -- "$OUT"/new_*.json | tee "$OUT/compare.txt"

@@ -499,10 +499,9 @@ class BatchedEngine:
         clears. The cache slots are copied directly (no copy when src == dst, no slot-sized temporary); the
         per-row state moves and clears in one replay under graphs (~20 launches eagerly)."""
         if src != dst:
-            for cache in (self.target_cache, self.drafter_cache):
-                if cache is not None:
-                    cache.keys[:, dst].copy_(cache.keys[:, src])
-                    cache.values[:, dst].copy_(cache.values[:, src])
+            self.target_cache.copy_slot(src, dst)
+            if self.drafter_cache is not None:
+                self.drafter_cache.copy_slot(src, dst)
         stage = self._retire_program()
         self._retire_moves.copy_(torch.tensor([src, dst], dtype=torch.int64))
         stage()
@@ -638,8 +637,8 @@ class BatchedEngine:
     def _prefill_program(self, length: int, with_drafter: bool, *, row: int) -> dict[str, Any]:
         """The staged prefill of one length bucket: inputs [L + ADMIT_FIELDS] (tokens, then `_admit_row`'s fields:
         last index, destination row, ...) -> the staging caches -> rows [0, L) of the destination slot, the row's
-        state; logits [1, 1, V]. Captured on first use
-        with `row` (a free row: the capture's warm-up runs write it) as the destination."""
+        state; logits [1, 1, V]. Captured on first use with `row` (a free row: the capture's warm-up runs write
+        it) as the destination."""
         key = (length, with_drafter)
         prog = self._prefills.get(key)
         if prog is not None:
@@ -654,7 +653,8 @@ class BatchedEngine:
         prog = {"inputs": inputs}
 
         def prefill() -> None:
-            tokens, last, dst = inputs[:length].unsqueeze(0), inputs[length : length + 1], inputs[length + 1 : length + 2]
+            tokens, last = inputs[:length].unsqueeze(0), inputs[length : length + 1]
+            dst = inputs[length + 1 : length + 2]
             prog["logits"] = self._prefill_forward(tokens, last, self.staging_target,
                                                    self.staging_drafter if with_drafter else None, slot=0)
             for cache, staging in pairs:

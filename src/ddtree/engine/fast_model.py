@@ -321,6 +321,11 @@ class SlotCache:
     def capacity(self) -> int:
         return int(self.keys.shape[3])
 
+    def copy_slot(self, src: int, dst: int) -> None:
+        """One request's cache into another slot (batch compaction when a request leaves)."""
+        self.keys[:, dst].copy_(self.keys[:, src])
+        self.values[:, dst].copy_(self.values[:, src])
+
     def move_rows(self, batch: int, src_rows: torch.Tensor, dst_rows: torch.Tensor) -> None:
         """Within each of the first `batch` slots, rows dst_rows[b, j] <- rows src_rows[b, j] ([B, J] int64).
 
