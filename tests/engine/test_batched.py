@@ -327,13 +327,14 @@ def test_admission_fields_and_row_retirement(pair, prompts):
                 want = getattr(getattr(direct, cache), name)[:, row, :, :n]
                 torch.testing.assert_close(got, want)
     last_state = _row_state(staged, 2)
-    last_keys = staged.target_cache.keys[:, 2].clone()
+    n = len(requests[2].input_ids)  # its committed rows (the staged prefill's padding beyond them is scratch)
+    last_keys = staged.target_cache.keys[:, 2, :, :n].clone()
     staged._active[0].state.finish_reason = "length"
     finished = staged._finish_rows([0])
     assert [e.request for e in finished] == [requests[0]] and [e.request for e in staged._active] == requests[2:0:-1]
     for a, b in zip(_row_state(staged, 0), last_state):
         assert torch.equal(a, b)
-    assert torch.equal(staged.target_cache.keys[:, 0], last_keys)
+    assert torch.equal(staged.target_cache.keys[:, 0, :, :n], last_keys)
     free = BatchedEngine(pair, budget=8, max_batch=3)
     for a, b in zip(_row_state(staged, 2), _row_state(free, 2)):
         assert torch.equal(a, b)
@@ -341,3 +342,19 @@ def test_admission_fields_and_row_retirement(pair, prompts):
     staged._finish_rows([1])
     assert not bool(staged.active_rows[1]) and int(staged.committed[1]) == 0
     assert bool(staged.active_rows[0]) and int(staged.committed[0]) == len(requests[2].input_ids)
+
+
+@pytest.mark.parametrize("method,budget", [("ar", 1), ("ddtree", 8)])
+def test_committed_rows_are_prompt_plus_output_minus_one(pair, prompts, method, budget):
+    """What a retirement copies (`_retire`: prompt + output rows of the moved request) covers its committed cache
+    rows: for every active request after every round, committed == prompt + output - 1 (the last token is the
+    next round's root, not yet in the cache)."""
+    engine = BatchedEngine(pair, budget=8, max_batch=3)
+    for request in _requests(prompts[:3]):
+        engine.admit(request, method=method, budget=budget)
+    for _ in range(12):
+        if not engine._active:
+            break
+        engine.step()
+        for row, entry in enumerate(engine._active):
+            assert int(engine.committed[row]) == len(entry.request.input_ids) + len(entry.state.output_ids) - 1

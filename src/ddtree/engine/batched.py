@@ -486,7 +486,8 @@ class BatchedEngine:
             entry.output = self._output(entry)
             finished.append(entry)
             last = len(self._active) - 1
-            self._retire(last, row)
+            moved = self._active[last]  # unfinished when last != row (higher finished rows went first)
+            self._retire(last, row, len(moved.request.input_ids) + len(moved.state.output_ids))
             if row != last:
                 self._active[row] = self._active[last]
             self._active.pop()
@@ -494,14 +495,15 @@ class BatchedEngine:
             self._group = None
         return finished
 
-    def _retire(self, src: int, dst: int) -> None:
+    def _retire(self, src: int, dst: int, rows: int) -> None:
         """Row `src` (the last active one) into row `dst` (a finished one), then `src` cleared; src == dst only
-        clears. The cache slots are copied directly (no copy when src == dst, no slot-sized temporary); the
-        per-row state moves and clears in one replay under graphs (~20 launches eagerly)."""
+        clears. The cache slots' first `rows` rows are copied directly (at least the moved request's committed
+        rows: prompt + output - 1, the rest is scratch; nothing when src == dst); the per-row state moves and
+        clears in one replay under graphs (~20 launches eagerly)."""
         if src != dst:
-            self.target_cache.copy_slot(src, dst)
+            self.target_cache.copy_slot(src, dst, rows)
             if self.drafter_cache is not None:
-                self.drafter_cache.copy_slot(src, dst)
+                self.drafter_cache.copy_slot(src, dst, rows)
         stage = self._retire_program()
         self._retire_moves.copy_(torch.tensor([src, dst], dtype=torch.int64))
         stage()

@@ -321,10 +321,12 @@ class SlotCache:
     def capacity(self) -> int:
         return int(self.keys.shape[3])
 
-    def copy_slot(self, src: int, dst: int) -> None:
-        """One request's cache into another slot (batch compaction when a request leaves)."""
-        self.keys[:, dst].copy_(self.keys[:, src])
-        self.values[:, dst].copy_(self.values[:, src])
+    def copy_slot(self, src: int, dst: int, rows: int | None = None) -> None:
+        """One request's cache into another slot (batch compaction when a request leaves): its first `rows`
+        rows (all when None; the rows at or beyond a request's committed length are scratch)."""
+        n = self.capacity if rows is None else min(int(rows), self.capacity)
+        self.keys[:, dst, :, :n].copy_(self.keys[:, src, :, :n])
+        self.values[:, dst, :, :n].copy_(self.values[:, src, :, :n])
 
     def move_rows(self, batch: int, src_rows: torch.Tensor, dst_rows: torch.Tensor) -> None:
         """Within each of the first `batch` slots, rows dst_rows[b, j] <- rows src_rows[b, j] ([B, J] int64).
