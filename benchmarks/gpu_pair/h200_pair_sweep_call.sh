@@ -4,7 +4,7 @@
 # own time budget (the cheap methods first, so a short budget still has every ratio). Carry [".whl", ".triton_cache"]: the server wheels (fetch_server_wheels.sh) and, when an earlier
 # call brought it back, the Triton cache, so the servers start without compiling (a cold ddtree server took 210 s).
 #   OUT=/tmp/b bash benchmarks/gpu_pair/h200_pair_sweep_call.sh      (limits in seconds, env-overridable, sum 580;
-#   T_ENGINE=0 skips the engine timing; METHODS, BUDGETS, CONCURRENCY, REPEATS choose the sweep's cells)
+#   T_ENGINE=0 skips the engine timing; METHODS, BUDGETS, CONCURRENCY, REPEATS, MIN_SECONDS choose the sweep's cells)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
@@ -28,6 +28,6 @@ echo "engine rc=$?"; grep -E "^ *(method|ar|dflash|ddtree) " "$R/pair_engine.txt
 left=$(( ${T_TOTAL:-580} - ($(date +%s) - start) - 10 ))
 OUT="$R/sweep" timeout -k 10 "$((left + 10))" python3 benchmarks/gpu_pair/serve_sweep.py --pair /tmp/gpu-pair \
     --methods "${METHODS:-ar,dflash,ddtree}" --concurrency "${CONCURRENCY:-1,2,4,8,16}" --budgets "${BUDGETS:-16,32,64}" --max-new-tokens 128 --min-requests 16 \
-    --min-seconds 3 --repeats "${REPEATS:-1}" --time-budget-s "$left" > "$R/sweep.log" 2>&1
+    --min-seconds "${MIN_SECONDS:-3}" --repeats "${REPEATS:-1}" --time-budget-s "$left" > "$R/sweep.log" 2>&1
 echo "sweep rc=$? (budget ${left} s)"; cat "$R/sweep/sweep.txt" 2>/dev/null | head -12
 tar czf "$OUT/b.tgz" -C "$OUT" b && rm -rf "$R"
