@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One 10-minute H200 command for the session after 10 (issue 12): the batched engine's CUDA tests beside the pair's
-# training (session 10 changed the row retirement after its last GPU run: the cache slots are now copied outside
-# the captured state program, and only the moved request's rows), then the server at 8 requests, three interleaved passes, as in session 10's call 3
-# (ddtree 1.07-1.12x dflash, 1.51-1.65x ar before the admission change; the admission work per request fell from
-# 1.7-2.1 to 0.55-0.64 ms), then one request; 5-second levels (3 before) for passes that agree better.
+# One 10-minute H200 command for the session after 10 (issue 12): the batched engine's CUDA tests beside the
+# pair's training (session 10 changed the row retirement after its last GPU run: the cache slots are now copied
+# outside the captured state program, and only the moved request's rows), then the server at 8 requests, three
+# interleaved passes, as in session 10's call 3 (ddtree 1.07-1.12x dflash, 1.51-1.65x ar before the admission
+# change; the admission work per request fell from 1.7-2.1 to 0.55-0.64 ms), then one request; 5-second levels
+# (3 before) for passes that agree better.
 #   tar xzf .triton_cache.tgz; OUT=$OUT bash benchmarks/engine/h200_s11_a.sh      (carry .triton_cache.tgz, .whl)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
