@@ -232,10 +232,11 @@ def test_streamed_and_plain_outputs_are_identical_at_t0(server: ServerProcess, p
         final = bodies[-1]
         assert final["output_ids"] == plain["output_ids"] and final["text"] == plain["text"]
         assert final["meta_info"]["accept_lens"] == plain["meta_info"]["accept_lens"]
-        # one event per committed round (prefill + verify rounds), each extending the previous one
+        # at most one event per committed round (prefill + verify rounds; rounds the event loop fell behind on are
+        # merged into one event, `TokenStream.next`), each extending the previous one
         counts = [b["meta_info"]["completion_tokens"] for b in bodies[:-1]]
         if stop is None:
-            assert len(counts) == 1 + final["meta_info"]["spec_verify_ct"]
+            assert 1 <= len(counts) <= 1 + final["meta_info"]["spec_verify_ct"]
         assert counts == sorted(counts) and counts[-1] == len(final["output_ids"])
         for body in bodies[:-1]:
             assert plain["output_ids"][:len(body["output_ids"])] == body["output_ids"]
