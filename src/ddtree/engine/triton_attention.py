@@ -10,7 +10,9 @@ capacity and calls SDPA; this kernel reads only the visible rows, in place, and 
 Why a kernel: at batch 1 a decode step or a small tree has 4-16 query rows per K/V head, so SDPA's
 kernels run a handful of programs over the whole capacity while the GPU has 132 SMs. Here the key range
 (context + own tokens, a virtual concatenation) is split over SPLITS programs per (row, K/V head, query
-block), each keeping an online softmax; a second kernel merges the splits by their log-sum-exp. The context
+block), each keeping an online softmax; the split that finishes last merges them by their log-sum-exp in the same
+launch (a ticket counter per tile). Context rows are read as one contiguous range without the mask; only the
+own tokens read the own-token mask. The context
 length is read on the device, so one CUDA graph serves every length; SPLITS depends only on shapes.
 
 Layouts: q [B, T, h, d] (the q/k/v projection's output viewed per head, any strides with d contiguous);
@@ -100,6 +102,24 @@ def launch_rule(batch: int, kv_heads: int, query_rows: int, capacity: int, sms: 
     return Launch(64, 128, splits_for(tiles, 1, 128), num_warps=8, num_stages=3)
 
 
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []
+
+
+def _split_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed int32 tickets, one per output tile, shared by every split launch on `device`: each launch leaves
+    its tiles' tickets at zero again, and launches on one stream run one after another. Grown (never shrunk)
+    on demand; the engine's eager warm-up reaches every shape before any graph capture, so a capture only
+    ever sees the buffer already allocated."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < tiles:
+        if buf is not None:
+            _OUTGROWN.append(buf)  # a captured graph may still point at it
+        buf = torch.zeros(max(tiles, 4096), device=device, dtype=torch.int32)
+        _COUNTERS[device] = buf
+    return buf
+
+
 def tree_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, context_len: torch.Tensor,
                    own_start: torch.Tensor, own_mask: torch.Tensor, launch: Launch | None = None) -> torch.Tensor:
     """q [B, T, h, d]; keys / values [B, h_kv, S, d]; context_len / own_start [B] int64; own_mask [B, T, T]
@@ -120,15 +140,16 @@ def tree_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, co
     block_m, splits = launch.block_m, launch.splits
     mask = own_mask.contiguous().view(torch.uint8)  # bool -> bytes, no copy when already contiguous
     out = torch.empty((b, t, h, d), device=q.device, dtype=q.dtype)
+    m_blocks = triton.cdiv(rows, block_m)
     direct = splits == 1
     if direct:
-        part, lse = out, out  # unused placeholders
+        part = lse = counters = out  # unused placeholders
     else:
         part = torch.empty((b, kv, splits, rows, d), device=q.device, dtype=torch.float32)
         lse = torch.empty((b, kv, splits, rows), device=q.device, dtype=torch.float32)
-    m_blocks = triton.cdiv(rows, block_m)
+        counters = _split_counters(q.device, b * kv * m_blocks)
     _tree_attention_splits[(b * kv, m_blocks, splits)](
-        q, keys, values, context_len, own_start, mask, part, lse, out,
+        q, keys, values, context_len, own_start, mask, part, lse, counters, out,
         q.stride(0), q.stride(1), q.stride(2),
         keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
@@ -138,17 +159,27 @@ def tree_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, co
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )
-    if not direct:
-        _merge_splits[(b * kv, m_blocks)](part, lse, out, t, kv, G=g, D=d, BLOCK_M=block_m, SPLITS=splits,
-                                          num_warps=4)
     return out.view(b, t, h * d)
 
 
 if HAS_TRITON:
 
     @triton.jit
+    def _softmax_step(q, k, v, visible, m_i, l_i, acc, sm_scale, PRECISION: tl.constexpr):
+        """One key tile of the online softmax: scores, the running max / sum rescaled, P @ V accumulated."""
+        s = tl.dot(q, k, input_precision=PRECISION) * sm_scale  # [BLOCK_M, BLOCK_N] fp32
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at zero
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        return m_new, l_i, acc
+
+    @triton.jit
     def _tree_attention_splits(
-        Q, K, V, CTX, OWN, MASK, PART, LSE, OUT,
+        Q, K, V, CTX, OWN, MASK, PART, LSE, COUNT, OUT,
         s_qb, s_qt, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_mb, s_mi,
         T, H_KV, sm_scale,
         G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -161,6 +192,7 @@ if HAS_TRITON:
         rows = G * T
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # query row m = t * G + g
         offs_d = tl.arange(0, D)
+        offs_n = tl.arange(0, BLOCK_N)
         m_valid = offs_m < rows
         tok = offs_m // G
         head = kvh * G + offs_m % G
@@ -168,76 +200,68 @@ if HAS_TRITON:
                     mask=m_valid[:, None], other=0.0)
         ctx = tl.load(CTX + b)
         own = tl.load(OWN + b)
-        total = ctx + T  # virtual keys: the context rows, then the own tokens
-        chunk = tl.cdiv(tl.cdiv(total, SPLITS), BLOCK_N) * BLOCK_N
+        # this split's share of the virtual key range (the context rows, then the own tokens), in whole tiles
+        chunk = tl.cdiv(tl.cdiv(ctx + T, SPLITS), BLOCK_N) * BLOCK_N
         start = split * chunk
-        end = tl.minimum(start + chunk, total)
+        end = tl.minimum(start + chunk, ctx + T)
         k_base = K + b * s_kb + kvh * s_kh
         v_base = V + b * s_vb + kvh * s_vh
         m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            n_valid = offs_n < end
-            in_ctx = offs_n < ctx
-            j = offs_n - ctx  # own-token index of a non-context key
-            row = tl.where(in_ctx, offs_n, own + j)
-            k = tl.load(k_base + row[None, :] * s_ks + offs_d[:, None], mask=n_valid[None, :], other=0.0)
-            s = tl.dot(q, k, input_precision=PRECISION) * sm_scale  # [BLOCK_M, BLOCK_N] fp32
-            own_ok = n_valid & (~in_ctx)
+        # context rows [start, min(end, ctx)): contiguous and seen by every query, so no mask to read
+        ctx_end = tl.minimum(end, ctx)
+        for n0 in range(start, ctx_end, BLOCK_N):
+            n = n0 + offs_n
+            n_valid = n < ctx_end
+            k = tl.load(k_base + n[None, :] * s_ks + offs_d[:, None], mask=n_valid[None, :], other=0.0)
+            v = tl.load(v_base + n[:, None] * s_vs + offs_d[None, :], mask=n_valid[:, None], other=0.0)
+            m_i, l_i, acc = _softmax_step(q, k, v, n_valid[None, :], m_i, l_i, acc, sm_scale, PRECISION)
+        # own tokens j in [max(start, ctx), end) - ctx, at rows own + j, seen through the own-token mask
+        own_end = end - ctx
+        for j0 in range(tl.maximum(start, ctx) - ctx, own_end, BLOCK_N):
+            j = j0 + offs_n
+            j_valid = j < own_end
+            k = tl.load(k_base + (own + j)[None, :] * s_ks + offs_d[:, None], mask=j_valid[None, :], other=0.0)
+            v = tl.load(v_base + (own + j)[:, None] * s_vs + offs_d[None, :], mask=j_valid[:, None], other=0.0)
             seen = tl.load(MASK + b * s_mb + tok[:, None] * s_mi + j[None, :],
-                           mask=m_valid[:, None] & own_ok[None, :], other=0)
-            visible = (n_valid & in_ctx)[None, :] | (seen != 0)
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at zero
-            p = tl.exp(s - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_base + row[:, None] * s_vs + offs_d[None, :], mask=n_valid[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m_i = m_new
+                           mask=m_valid[:, None] & j_valid[None, :], other=0)
+            m_i, l_i, acc = _softmax_step(q, k, v, seen != 0, m_i, l_i, acc, sm_scale, PRECISION)
         has = l_i > 0
         o = acc / tl.where(has, l_i, 1.0)[:, None]
+        out_ptr = OUT + ((b * T + tok[:, None]) * (H_KV * G) + head[:, None]) * D + offs_d[None, :]
         if DIRECT:
-            out_ptr = OUT + ((b * T + tok[:, None]) * (H_KV * G) + head[:, None]) * D + offs_d[None, :]
             tl.store(out_ptr, o.to(OUT.dtype.element_ty), mask=m_valid[:, None])
         else:
+            # Split-K with the merge in the same launch: every split stores its partial result, then takes a
+            # ticket; the split that finishes last merges them and resets the counter for the next launch.
+            # (A second merge kernel cost as much as the attention at small shapes: its launch and its gap.)
             lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+            tile = pid * tl.num_programs(1) + tl.program_id(1)
             base = (pid * SPLITS + split) * rows
             tl.store(PART + (base + offs_m[:, None]) * D + offs_d[None, :], o, mask=m_valid[:, None])
             tl.store(LSE + base + offs_m, lse, mask=m_valid)
-
-    @triton.jit
-    def _merge_splits(PART, LSE, OUT, T, H_KV, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                      SPLITS: tl.constexpr):
-        pid = tl.program_id(0)
-        b = pid // H_KV
-        kvh = pid % H_KV
-        rows = G * T
-        offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, D)
-        m_valid = offs_m < rows
-        m_run = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-        w_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-        for split in range(SPLITS):
-            base = (pid * SPLITS + split) * rows
-            lse = tl.load(LSE + base + offs_m, mask=m_valid, other=float("-inf"))
-            m_new = tl.maximum(m_run, lse)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_run - m_safe)
-            w = tl.exp(lse - m_safe)
-            part = tl.load(PART + (base + offs_m[:, None]) * D + offs_d[None, :], mask=m_valid[:, None], other=0.0)
-            acc = acc * alpha[:, None] + w[:, None] * part
-            w_sum = w_sum * alpha + w
-            m_run = m_new
-        o = acc / tl.where(w_sum > 0, w_sum, 1.0)[:, None]
-        tok = offs_m // G
-        head = kvh * G + offs_m % G
-        out_ptr = OUT + ((b * T + tok[:, None]) * (H_KV * G) + head[:, None]) * D + offs_d[None, :]
-        tl.store(out_ptr, o.to(OUT.dtype.element_ty), mask=m_valid[:, None])
+            tl.debug_barrier()  # every thread's partial is written before the ticket releases it
+            ticket = tl.atomic_add(COUNT + tile, 1, sem="acq_rel", scope="gpu")
+            if ticket == SPLITS - 1:
+                m_run = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+                w_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+                merged = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+                for other in range(SPLITS):
+                    at = (pid * SPLITS + other) * rows
+                    part_lse = tl.load(LSE + at + offs_m, mask=m_valid, other=float("-inf"), cache_modifier=".cg")
+                    m_new = tl.maximum(m_run, part_lse)
+                    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = tl.exp(m_run - m_safe)
+                    w = tl.exp(part_lse - m_safe)
+                    part = tl.load(PART + (at + offs_m[:, None]) * D + offs_d[None, :], mask=m_valid[:, None],
+                                   other=0.0, cache_modifier=".cg")
+                    merged = merged * alpha[:, None] + w[:, None] * part
+                    w_sum = w_sum * alpha + w
+                    m_run = m_new
+                o = merged / tl.where(w_sum > 0, w_sum, 1.0)[:, None]
+                tl.store(out_ptr, o.to(OUT.dtype.element_ty), mask=m_valid[:, None])
+                tl.atomic_xchg(COUNT + tile, 0)
 
 
 def qkv_epilogue(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, positions: torch.Tensor,
