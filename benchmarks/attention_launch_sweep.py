@@ -278,7 +278,7 @@ def measure_cell(args: argparse.Namespace, batch: int, width: int, launches: lis
         return run
 
     def timed(launch: Launch | None) -> dict[str, Any]:
-        chosen = launch or launch_shape(batch, kv, rows, args.capacity, device)
+        chosen = launch or launch_shape(batch, kv, rows, args.capacity, device, args.head_dim)
         tiles = batch * kv * math.ceil(rows / chosen.block_m)
         row: dict[str, Any] = {"launch": asdict(chosen), "tiles": tiles, "programs": tiles * chosen.splits,
                                "correct": False, "status": "failed", "max_abs_err": None, "ms": None}
@@ -308,7 +308,7 @@ def measure_cell(args: argparse.Namespace, batch: int, width: int, launches: lis
             configs.append({"launch": asdict(launch), "correct": False, "status": "skipped", "ms": None,
                             "error": "deadline"})
             continue
-        configs.append(default if launch == launch_shape(batch, kv, rows, args.capacity, device) and
+        configs.append(default if launch == launch_shape(batch, kv, rows, args.capacity, device, args.head_dim) and
                        default["status"] != "failed" else timed(launch))
     ok = [c for c in configs if c["correct"] and c["ms"] is not None]
     best = min(ok, key=lambda c: c["ms"]) if ok else None
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         max(0, min(12, (os.cpu_count() or 1) - 2)) if cuda else 0)
     if workers > 0:
         rows = {t: args.heads // args.kv_heads * t for t in widths}
-        with_defaults = {(b, t): [*launches, launch_shape(b, args.kv_heads, rows[t], args.capacity, device)]
+        with_defaults = {(b, t): [*launches, launch_shape(b, args.kv_heads, rows[t], args.capacity, device, args.head_dim)]
                          for (b, t), launches in plan.items()}
         meta["precompile"] = precompile(args, with_defaults, workers)
     bandwidth = copy_bandwidth(device)

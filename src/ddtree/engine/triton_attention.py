@@ -69,37 +69,43 @@ class Launch:
                 raise ValueError(f"Launch.{name} must be a power of two >= {low}, got {value}")
 
 
-def launch_shape(batch: int, kv_heads: int, query_rows: int, capacity: int, device: torch.device) -> Launch:
+def launch_shape(batch: int, kv_heads: int, query_rows: int, capacity: int, device: torch.device,
+                 head_dim: int = 128) -> Launch:
     """The default launch of a forward on `device` (`launch_rule` with its SM count; 4 off CUDA)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return launch_rule(batch, kv_heads, query_rows, capacity, sms)
+    return launch_rule(batch, kv_heads, query_rows, capacity, sms, head_dim)
 
 
-def launch_rule(batch: int, kv_heads: int, query_rows: int, capacity: int, sms: int) -> Launch:
-    """The default launch for a GPU of `sms` SMs (fixed by shapes, so graph-capturable). The rule is fitted to the H200
-    launch sweep (`benchmarks/attention_launch_sweep.py`, Qwen3-8B heads, context 512; results/2026-12-03):
-    it picks the measured best, or one within 1% of it, in all ten (batch, width) cells, 1.1-3.6x faster than
-    the rule before it, whose many key splits made the merge kernel the larger cost.
+def launch_rule(batch: int, kv_heads: int, query_rows: int, capacity: int, sms: int, head_dim: int = 128) -> Launch:
+    """The default launch for a GPU of `sms` SMs (fixed by shapes, so graph-capturable). Fitted to the H200 launch
+    sweeps of the kernel with the merge in the same launch (`benchmarks/attention_launch_sweep.py`, Qwen3-8B heads at
+    context 512 and the `gpu` pair's heads at context 256; benchmarks/results/2026-12-03/h200-s11): within 7% of the
+    best launch in all 16 tree / block cells (a decode step keeps the session-8 rule, within 5%).
 
     - a decode step (<= 16 query rows per K/V head): short key tiles, the key range split until the grid holds
       about two waves (at most 8 splits);
-    - a tree or block at batch <= 2: the smallest query block whose tiles fit in two waves, 128-key tiles;
-    - larger batches: 64-row blocks with 8 warps (wide tiles share each K/V load across more rows)."""
+    - a tree or block at batch <= 2: 16-row query blocks, 64-key tiles, 4 splits while the tiles fill less than two
+      waves (the merge costs no second launch, so splitting pays), else none;
+    - larger batches: one split; 64-row blocks (16 when a row has at most 48 query rows).
+    Pipeline stages: 3 at head dim <= 64, 2 above (three stages of 64 x 128 K and V tiles crowd out a program per
+    SM), except 8 warps and 3 stages for 64-row blocks of at most 128 rows at head dim 128 (the sweep's best)."""
 
     def splits_for(tiles: int, waves: int, block_n: int) -> int:
         wanted = max(1, min(8, (waves * sms) // max(tiles, 1), triton.cdiv(capacity, block_n)))
         return 1 << (wanted.bit_length() - 1)  # a power of two: the sweep's grid
 
+    stages = 3 if head_dim <= 64 else 2
     if query_rows <= 16:
         return Launch(16, 32, splits_for(batch * kv_heads, 2, 32), num_warps=4, num_stages=3)
     if batch <= 2:
-        for block_m in (16, 32, 64):
-            tiles = batch * kv_heads * triton.cdiv(query_rows, block_m)
-            if tiles <= 2 * sms:
-                break
-        return Launch(block_m, 128, splits_for(tiles, 2, 128), num_warps=4, num_stages=2)
-    tiles = batch * kv_heads * triton.cdiv(query_rows, 64)
-    return Launch(64, 128, splits_for(tiles, 1, 128), num_warps=8, num_stages=3)
+        tiles = batch * kv_heads * triton.cdiv(query_rows, 16)
+        splits = min(4, triton.cdiv(capacity, 64)) if tiles < 2 * sms else 1
+        return Launch(16, 64, 1 << (splits.bit_length() - 1), num_warps=4, num_stages=stages)
+    if query_rows <= 48:
+        return Launch(16, 64, 1, num_warps=4, num_stages=stages)
+    if head_dim > 64 and query_rows <= 128:
+        return Launch(64, 64, 1, num_warps=8, num_stages=3)
+    return Launch(64, 64, 1, num_warps=4, num_stages=stages)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -134,7 +140,7 @@ def tree_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, co
     if d not in (16, 32, 64, 128, 256):
         raise ValueError(f"tree_attention: head_dim {d} is not a power of two in [16, 256]")
     if launch is None:
-        launch = launch_shape(b, kv, rows, capacity, q.device)
+        launch = launch_shape(b, kv, rows, capacity, q.device, d)
     elif not isinstance(launch, Launch):
         raise ValueError(f"tree_attention: launch must be a Launch, got {type(launch).__name__}")
     block_m, splits = launch.block_m, launch.splits
