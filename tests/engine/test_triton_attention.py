@@ -144,6 +144,20 @@ def test_bad_launch_names_the_field(field, kwargs):
 
 
 @needs_kernel
+def test_split_tickets_return_to_zero_so_launches_can_repeat():
+    """The split merge's per-tile tickets end every launch at zero (a graph replays the launch with the same
+    counters), and a second launch over other inputs is as exact as the first."""
+    b, t, h, kv, d, capacity, kind = CASES[3]
+    launch = triton_attention.Launch(16, 16, 4)
+    for seed_shift in (0, 1):
+        q, keys, values, vis = _case_inputs(b, t + seed_shift, h, kv, d, capacity, kind)
+        got = triton_attention.tree_attention(q, keys, values, vis.context_len, vis.own_start, vis.own_mask, launch)
+        torch.testing.assert_close(got, _reference(q, keys, values, vis), atol=2e-4, rtol=2e-4)
+        counters = triton_attention._COUNTERS[q.device]
+        assert int(counters.abs().sum()) == 0
+
+
+@needs_kernel
 def test_kernel_ignores_rows_it_must_not_see():
     """Garbage (NaN) in rows beyond the context and in masked own rows never reaches the output."""
     b, t, h, kv, d, capacity = 2, 4, 4, 2, 16, 64
@@ -258,3 +272,19 @@ def test_windowed_reference_equals_the_whole_capacity():
     full_inputs, window_inputs = whole.prepare(vis, positions, s, q.dtype), windowed.prepare(vis, positions, s, q.dtype)
     assert (full_inputs.window, window_inputs.window) == (s, 23)
     torch.testing.assert_close(windowed(q, keys, values, window_inputs), whole(q, keys, values, full_inputs))
+
+
+@pytest.mark.skipif(ON_CUDA or INTERPRET or not triton_attention.HAS_TRITON,
+                    reason="the kernel tests run directly here (CUDA or the interpreter), or there is no triton")
+def test_kernel_tests_under_the_interpreter():
+    """CPU CI has no GPU: run this file's kernel tests in a child process under Triton's interpreter (which must be
+    set before triton is imported), so a change to the kernel is checked against the reference on every CI run."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+         "kernel_equals or explicit_launch or ignores_rows or tickets or qkv_epilogue"],
+        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0 and "44 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
