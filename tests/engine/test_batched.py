@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ from ddtree.engine.batched import BatchedEngine, batch_buckets
 from ddtree.engine.engine import DecodingEngine
 from ddtree.engine.rng import mix32, request_keys, uniforms
 from ddtree.models.pair import load_pair
+from ddtree.testing.interpreter import pytest_under_interpreter
 
 CONFIGS = [("ar", 1), ("dflash", 1), ("ddtree", 16), ("ddtree", 5)]
 TEXTS = ["def main(", "import os\nclass Foo:\n    def", "for i in range(", "x = [1, 2", "return self."]
@@ -245,11 +244,7 @@ def test_a_mixed_batch_walks_each_row_its_own_way(tiny_pair):
 def test_lazy_walk_tests_under_the_interpreter():
     """CPU CI has no GPU: run the lazy-walk tests above in a child process under Triton's interpreter (which must
     be set before triton is imported)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}", "-k",
-         "lazy_walk_makes or mixed_batch_walks"],
-        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=900,
-    )
+    done = pytest_under_interpreter(__file__, "lazy_walk_makes or mixed_batch_walks")
     assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
 
 

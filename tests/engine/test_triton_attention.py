@@ -15,6 +15,7 @@ import torch
 from ddtree.core.attention import ancestor_mask
 from ddtree.engine import triton_attention
 from ddtree.engine.fast_model import Visibility, attention_bias, grouped_attention
+from ddtree.testing.interpreter import pytest_under_interpreter
 
 ON_CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -279,12 +280,5 @@ def test_windowed_reference_equals_the_whole_capacity():
 def test_kernel_tests_under_the_interpreter():
     """CPU CI has no GPU: run this file's kernel tests in a child process under Triton's interpreter (which must be
     set before triton is imported), so a change to the kernel is checked against the reference on every CI run."""
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-         "kernel_equals or explicit_launch or ignores_rows or tickets or qkv_epilogue"],
-        env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=900,
-    )
+    done = pytest_under_interpreter(__file__, "kernel_equals or explicit_launch or ignores_rows or tickets or qkv_epilogue")
     assert done.returncode == 0 and "44 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]

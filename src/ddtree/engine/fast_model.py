@@ -321,10 +321,10 @@ class SlotCache:
     def capacity(self) -> int:
         return int(self.keys.shape[3])
 
-    def copy_slot(self, src: int, dst: int, rows: int | None = None) -> None:
+    def copy_slot(self, src: int, dst: int, rows: int) -> None:
         """One request's cache into another slot (batch compaction when a request leaves): its first `rows`
-        rows (all when None; the rows at or beyond a request's committed length are scratch)."""
-        n = self.capacity if rows is None else min(int(rows), self.capacity)
+        rows (the rows at or beyond a request's committed length are scratch)."""
+        n = min(int(rows), self.capacity)
         self.keys[:, dst, :, :n].copy_(self.keys[:, src, :, :n])
         self.values[:, dst, :, :n].copy_(self.values[:, src, :, :n])
 

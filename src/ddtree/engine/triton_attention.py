@@ -91,17 +91,19 @@ def launch_rule(batch: int, kv_heads: int, query_rows: int, capacity: int, sms: 
     memory per program), except 8 warps and 3 stages for 64-row blocks of at most 128 rows at head dim 128 (the
     sweep's best there, 1.34x faster than 4 warps and 2 stages)."""
 
+    def floor_pow2(n: int) -> int:  # splits are powers of two: the sweep's grid
+        return 1 << (max(1, n).bit_length() - 1)
+
     def splits_for(tiles: int, waves: int, block_n: int) -> int:
-        wanted = max(1, min(8, (waves * sms) // max(tiles, 1), triton.cdiv(capacity, block_n)))
-        return 1 << (wanted.bit_length() - 1)  # a power of two: the sweep's grid
+        return floor_pow2(min(8, (waves * sms) // max(tiles, 1), triton.cdiv(capacity, block_n)))
 
     stages = 3 if head_dim <= 64 else 2
     if query_rows <= 16:
         return Launch(16, 32, splits_for(batch * kv_heads, 2, 32), num_warps=4, num_stages=3)
     if batch <= 2:
         tiles = batch * kv_heads * triton.cdiv(query_rows, 16)
-        splits = min(4, triton.cdiv(capacity, 64)) if tiles < 2 * sms else 1
-        return Launch(16, 64, 1 << (splits.bit_length() - 1), num_warps=4, num_stages=stages)
+        splits = floor_pow2(min(4, triton.cdiv(capacity, 64))) if tiles < 2 * sms else 1
+        return Launch(16, 64, splits, num_warps=4, num_stages=stages)
     if query_rows <= 48:
         return Launch(16, 64, 1, num_warps=4, num_stages=stages)
     if head_dim > 64 and query_rows <= 128:
