@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One 10-minute H200 command for the session after 11 (issue 12): the CUDA tests of the engine and the tree
-# attention beside the pair's training, then the pair in the engine at batch 1 (budgets 16-128, T = 0 and 1) and
-# the server at 8, 16 and 1 requests, budgets 32 and 64, two interleaved passes: session 11 measured the server
+# attention beside the pair's training, then
+# the pair's shape with random weights profiled per stage and kernel (batch 1 and 8), the pair in the engine at batch 1 (budgets 16-128, T = 0 and 1) and
+# the server at 8 and 1 requests, budgets 32 and 64, two interleaved passes: session 11 measured the server
 # before the tree attention's merge moved into one launch and the launch rule was refitted (8 requests: ddtree
 # 1.06-1.12x dflash, 1.82-1.93x ar), and the engine after it (batch 1, T = 0: ddtree(64) 1.23x dflash).
 #   tar xzf .triton_cache.tgz; OUT=$OUT bash benchmarks/engine/h200_s12_a.sh      (carry .triton_cache.tgz, .whl)
@@ -11,7 +12,11 @@ mkdir -p "$OUT/t"
 (PYTHONPATH="$PWD/src" TRITON_CACHE_DIR="$PWD/.triton_cache" timeout 300 python3 -m pytest -q -p no:cacheprovider \
     tests/engine/test_batched.py -k cuda tests/engine/test_triton_attention.py \
     > "$OUT/t/tests.txt" 2>&1; echo "tests rc=$?" >> "$OUT/t/tests.txt") &
-MIN_SECONDS=5 REPEATS=2 CONCURRENCY=8,16,1 T_ENGINE=90 BUDGETS=32,64 T_TOTAL=560 OUT="$OUT" \
+MIN_SECONDS=5 REPEATS=2 CONCURRENCY=8,1 T_ENGINE=90 BUDGETS=32,64 T_TOTAL=480 OUT="$OUT" \
     bash benchmarks/gpu_pair/h200_pair_sweep_call.sh
 wait
+# where a round of the pair's shape spends its time, per stage and kernel (random weights: cost only)
+PYTHONPATH="$PWD/src" TRITON_CACHE_DIR="$PWD/.triton_cache" timeout 90 python3 -m ddtree.cli bench engine \
+    --random-weights gpu-pair --budgets 16,64,128 --batch-sizes 1,8 --rounds 40 --profile-kernels 40 \
+    --json-out "$OUT/cost_pair.json" > "$OUT/cost_pair.txt" 2>&1; echo "cost rc=$?"
 tail -3 "$OUT/t/tests.txt"
