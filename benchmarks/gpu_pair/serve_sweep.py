@@ -51,6 +51,29 @@ def variant(temperature: float) -> dict[str, Any]:
             "top_k": -1, "top_p": 1.0}
 
 
+def engine_loop(url: str) -> dict[str, float] | None:
+    """The server's cumulative decoding-loop seconds by phase (`/server_info`'s `engine_loop`), or None."""
+    import httpx
+
+    try:
+        return httpx.get(f"{url.rstrip('/')}/server_info", timeout=10.0).json().get("engine_loop")
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def loop_per_round(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+    """Per decoding round over a span (two `engine_loop` snapshots): ms enqueueing, waiting on the device, in
+    the host's bookkeeping, admitting (prefill + first token), idle; mean rows per round; admissions per round."""
+    if not before or not after or after["rounds"] <= before["rounds"]:
+        return None
+    d = {k: after[k] - before[k] for k in after}
+    rounds = d["rounds"]
+    out = {f"{k}_ms": 1e3 * d[f"{k}_s"] / rounds for k in ("launch", "wait", "post", "admit", "idle")}
+    out["rows"] = d["row_rounds"] / rounds
+    out["admissions"] = d["admissions"] / rounds
+    return out
+
+
 def next_batch(concurrency: int, batches: list[tuple[int, float]], *, min_requests: int, min_seconds: float,
                max_requests: int, seconds_left: float = math.inf) -> int:
     """Requests of a level's next batch, 0 when the level is done. `batches`: (requests, seconds) so far.
@@ -114,6 +137,7 @@ class Sweep:
         a, t = self.args, time.perf_counter()
         batches: list[tuple[int, float]] = []
         summary: dict[str, Any] = {}
+        loop_before = engine_loop(url)  # covers the probes too: the same traffic, only shorter
         while n := next_batch(level, batches, min_requests=a.min_requests, min_seconds=a.min_seconds,
                               max_requests=a.max_requests, seconds_left=self.seconds_left()):
             done = sum(b for b, _ in batches)
@@ -124,12 +148,13 @@ class Sweep:
             summary = {**result["levels"][level], "first_request_index": done}
             batches.append((summary["requests"], summary["duration_s"]))
         seconds = time.perf_counter() - t
+        loop = loop_per_round(loop_before, engine_loop(url))
         self.level_estimate_s = max(seconds, MARGIN * a.min_seconds)
         return {**tags, "concurrency": level, **{k: summary.get(k) for k in (
             "requests", "errors", "output_tokens", "duration_s", "output_tokens_per_s", "mean_tpot", "mean_ttft",
             "e2e_p50", "e2e_p90", "first_request_index")},
             "short": (summary.get("duration_s") or 0) < a.min_seconds, "batches": batches,
-            "level_requests": sum(n for n, _ in batches), "level_seconds": seconds}
+            "level_requests": sum(n for n, _ in batches), "level_seconds": seconds, "loop": loop}
 
     def start_server(self, method: str, budgets: list[int | None]) -> Any:
         """Start one method's server and wait for it; None when it did not come up (recorded in `servers`)."""
@@ -190,6 +215,11 @@ class Sweep:
                               f"{1e3 * (row['mean_tpot'] or 0):7.2f} ms, {row['requests']} requests in "
                               f"{row['duration_s'] or 0:.2f} s (level {row['level_requests']} in "
                               f"{row['level_seconds']:.1f} s), errors {row['errors']}", flush=True)
+                        if row["loop"]:
+                            lp = row["loop"]
+                            print(f"    per round (ms): launch {lp['launch_ms']:.3f} wait {lp['wait_ms']:.3f} "
+                                  f"post {lp['post_ms']:.3f} admit {lp['admit_ms']:.3f} idle {lp['idle_ms']:.3f}; "
+                                  f"{lp['rows']:.2f} rows, {lp['admissions']:.2f} admissions", flush=True)
                         self.write()
 
 
@@ -279,6 +309,17 @@ def report(rows: list[dict[str, Any]], servers: dict[str, dict[str, Any]], plan:
                      f"{r['requests'] or 0:>8} {r['duration_s'] or 0:>8.2f} {r['output_tokens_per_s'] or 0:>9.1f} "
                      f"{1e3 * (r['mean_tpot'] or 0):>8.2f} {r['errors'] or 0:>6}   {r['level_requests']} requests "
                      f"in {r['level_seconds']:.1f} s{' (short of --min-seconds)' if r['short'] else ''}")
+    looped = [r for r in rows if r.get("loop")]
+    if looped:
+        lines += ["", "the server's decoding loop per round, ms (whole level, probes included): enqueue the stages, "
+                  "wait for the device, host bookkeeping after, admissions, idle",
+                  f"{'method':<7} {'budget':>6} {'T':>4} {'conc':>5} {'launch':>7} {'wait':>7} {'post':>7} "
+                  f"{'admit':>7} {'idle':>7} {'rows':>5} {'admits':>7}"]
+        for r in looped:
+            lp = r["loop"]
+            lines.append(f"{r['method']:<7} {r['budget'] or '-':>6} {r['temperature']:>4g} {r['concurrency']:>5} "
+                         + " ".join(f"{lp[k + '_ms']:>7.3f}" for k in ("launch", "wait", "post", "admit", "idle"))
+                         + f" {lp['rows']:>5.2f} {lp['admissions']:>7.2f}")
     if stopped:
         lines += ["", f"stopped early ({stopped}); cells marked {MISSING} were not measured"]
     return "\n".join(lines)

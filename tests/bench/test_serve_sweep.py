@@ -95,3 +95,14 @@ def test_repeats_report_medians_per_pass_ratios_and_spread(sweep: ModuleType) ->
     assert [p[2] for p in passes] == ["1", "2", "3"]
     assert [p[7] for p in passes] == ["1.20x", "1.47x", "1.44x"]  # ddtree(32) / dflash within each pass
     assert "spread (max / min over passes): ar 1.22, dflash 1.33, ddtree 1.18" in text
+
+
+def test_loop_per_round_turns_two_snapshots_into_ms_per_round(sweep: ModuleType) -> None:
+    before = {"rounds": 10, "row_rounds": 40, "admissions": 4, "launch_s": 0.01, "wait_s": 0.1, "post_s": 0.02,
+              "admit_s": 0.03, "idle_s": 1.0}
+    after = {"rounds": 110, "row_rounds": 840, "admissions": 54, "launch_s": 0.02, "wait_s": 0.2, "post_s": 0.07,
+             "admit_s": 0.08, "idle_s": 1.0}
+    got = sweep.loop_per_round(before, after)
+    assert got == pytest.approx({"launch_ms": 0.1, "wait_ms": 1.0, "post_ms": 0.5, "admit_ms": 0.5, "idle_ms": 0.0,
+                                 "rows": 8.0, "admissions": 0.5})
+    assert sweep.loop_per_round(after, after) is None and sweep.loop_per_round(None, after) is None

@@ -51,6 +51,18 @@ def test_greedy_equals_the_hugging_face_engine(pair, engine, prompts, method, bu
         assert got.finish_reason == want.finish_reason
 
 
+def test_loop_stats_count_rounds_rows_and_admissions(tiny_pair, prompts):
+    engine = BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=4)
+    requests = _requests(prompts)  # 5 requests through 4 slots
+    outputs = engine.generate_batch(requests)
+    stats = engine.loop_stats
+    assert stats.admissions == 5
+    # every round emits tokens for each of its rows, so the rows summed over rounds are the rounds of each request
+    assert stats.row_rounds == sum(len(o.accept_lens) for o in outputs)
+    assert stats.rounds >= max(len(o.accept_lens) for o in outputs) and stats.rounds < stats.row_rounds
+    assert min(stats.launch_s, stats.wait_s, stats.post_s, stats.admit_s) > 0 and stats.idle_s == 0
+
+
 @pytest.mark.parametrize("method,budget", CONFIGS)
 def test_batched_equals_alone_with_joins_and_leaves(engine, prompts, method, budget):
     requests = _requests(prompts)  # 5 requests through 4 slots: the fifth joins when the first leaves

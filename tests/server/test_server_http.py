@@ -151,6 +151,9 @@ def test_server_info_and_model_info(server: ServerProcess, tiny_pair: Path) -> N
     assert info["device"] == "cpu" and info["dtype"] == "float32" and info["version"]
     avg = info["internal_states"][0]["avg_spec_accept_length"]
     assert avg is not None and avg >= 1.0  # requests have finished by now
+    loop = info["engine_loop"]  # the batch scheduler's cumulative phases
+    assert loop["rounds"] > 0 and loop["admissions"] >= info["internal_states"][0]["finished_requests"]
+    assert loop["wait_s"] > 0 and loop["idle_s"] > 0  # idle between the tests' requests
     model = httpx.get(f"{server.url}/get_model_info", trust_env=False).json()
     assert model["is_generation"] is True and model["model_path"] == str(tiny_pair)
     assert httpx.get(f"{server.url}/health_generate", timeout=60, trust_env=False).status_code == 200

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -99,6 +99,27 @@ class _Active:
     stage_times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     output: GenerationOutput | None = None
     error: BaseException | None = None  # raised by its on_tokens callback (e.g. the client went away)
+
+
+@dataclass
+class LoopStats:
+    """Where a decoding loop's wall time goes, cumulative seconds: enqueueing each round's stages (`launch`),
+    waiting for the device to finish them and reading the emitted tokens (`wait`), the host's bookkeeping after
+    (stop rules, token callbacks, retiring finished rows: `post`), admissions (prefill and first token:
+    `admit`), and, set by a scheduler, waiting for requests (`idle`). A server reports them (`/server_info`),
+    so a throughput run can tell a loop the device paces (`wait` dominates) from one the host paces."""
+
+    rounds: int = 0
+    row_rounds: int = 0  # active rows summed over rounds
+    admissions: int = 0
+    launch_s: float = 0.0
+    wait_s: float = 0.0
+    post_s: float = 0.0
+    admit_s: float = 0.0
+    idle_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
 
 
 class _Stage:
@@ -227,6 +248,7 @@ class BatchedEngine:
         self._retire_moves = torch.zeros(2, **i64)  # (src, dst) rows of `_retire`
         self._retire_stage: _Stage | None = None
 
+        self.loop_stats = LoopStats()
         self._active: list[_Active] = []
         self._group: tuple[str, int] | None = None
         self._draft_stages: dict[int, _Stage] = {}
@@ -342,6 +364,7 @@ class BatchedEngine:
             raise RuntimeError("the batch is full or decodes another method/budget")
         t_arrival = time.perf_counter()
         self._group = (method, self._effective_budget(method, budget))
+        stats = self.loop_stats
         row = len(self._active)
         entry = _Active(request=request, state=StopState(output_ids=[]),
                         append=self._appender(request), on_tokens=on_tokens, t_arrival=t_arrival)
@@ -352,6 +375,8 @@ class BatchedEngine:
         self._emit(entry, [first])
         if entry.state.finish_reason is not None:
             self._finish_rows([row])
+        stats.admissions += 1
+        stats.admit_s += time.perf_counter() - t_arrival
         return entry
 
     def step(self) -> list[_Active]:
@@ -361,10 +386,13 @@ class BatchedEngine:
         method, budget = self._group  # type: ignore[misc]
         n = len(self._active)
         bucket = next(b for b in self.buckets if b >= n)
+        t_start = time.perf_counter()
         program = self._program(bucket, method, budget, self._variant())
         with torch.no_grad():
             times = self._run(program)
+            t_launched = time.perf_counter()
             tokens, counts, expected = self._read_outputs(n)
+        t_read = time.perf_counter()
         if any(bad for _, bad in counts):
             self._fail_all(ValueError("draft logits contain non-finite values (nan or inf)"))
             raise ValueError("draft logits contain non-finite values (nan or inf)")
@@ -380,7 +408,14 @@ class BatchedEngine:
             self._emit(entry, tokens[row][:k])
             if entry.state.finish_reason is not None:
                 finished.append(row)
-        return self._finish_rows(finished)
+        done = self._finish_rows(finished)
+        stats = self.loop_stats
+        stats.rounds += 1
+        stats.row_rounds += n
+        stats.launch_s += t_launched - t_start
+        stats.wait_s += t_read - t_launched
+        stats.post_s += time.perf_counter() - t_read
+        return done
 
     def cancel_all(self, error: BaseException) -> list[_Active]:
         """Drop every active request (after a failure); returns them."""

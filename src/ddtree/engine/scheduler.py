@@ -55,6 +55,9 @@ class _Scheduler:
     def stop(self) -> None:
         self._inbox.put(None)
 
+    def loop_stats(self) -> dict[str, float] | None:
+        return None  # only the batch scheduler's engine keeps them
+
 
 class SerialScheduler(_Scheduler):
     """One request at a time through `engine.generate` (engines without a batch API)."""
@@ -120,9 +123,18 @@ class BatchScheduler(_Scheduler):
             else:
                 self._running[id(entry)] = job
 
+    def loop_stats(self) -> dict[str, float] | None:
+        """The engine's `LoopStats` (cumulative; read from another thread: a snapshot, good to a round)."""
+        stats = getattr(self.engine, "loop_stats", None)
+        return stats.as_dict() if stats is not None else None
+
     def _loop(self) -> None:
         while not self._stopping:
-            self._drain_inbox(block=not self._running and not self._waiting)
+            idle = not self._running and not self._waiting
+            t_idle = time.perf_counter()
+            self._drain_inbox(block=idle)
+            if idle and hasattr(self.engine, "loop_stats"):
+                self.engine.loop_stats.idle_s += time.perf_counter() - t_idle
             if self._stopping:
                 break
             self._admit()

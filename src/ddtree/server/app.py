@@ -396,6 +396,8 @@ def create_app(
             "max_context": state.limits.max_context,
             "version": ddtree.__version__,
             "internal_states": [{"avg_spec_accept_length": avg, "finished_requests": state.finished}],
+            # cumulative seconds of the decoding loop by phase (`ddtree.engine.batched.LoopStats`), or None
+            "engine_loop": loop_stats() if (loop_stats := getattr(state.worker, "loop_stats", None)) else None,
             **state.extra_info,
         }
 
