@@ -46,6 +46,7 @@ from ddtree.core.verify import (
     verify_greedy,
     walk,
 )
+from ddtree.engine import triton_round
 from ddtree.engine.chain import build_chain
 from ddtree.engine.checks import check_budget, check_method, check_request_fields, resolve_dtype
 from ddtree.engine.fast_model import FusedDecoder, StaticDrafter, Visibility, family_of, round_up
@@ -263,6 +264,8 @@ class BatchedEngine:
         # the sampled walks warm-up captures: temperature-only rows (LAZY on CUDA), and the torch walk that rows with
         # 0 < T < FUSED_MIN_TEMPERATURE take; top-k / top-p variants are captured when first seen
         self._warm_walks = (LAZY, TORCH) if self._lazy_walk else (TORCH,)
+        # the tree compile and the greedy walk as one Triton launch each on CUDA (`triton_round`); torch elsewhere
+        self._round_kernels = self.device.type == "cuda" and triton_round.HAS_TRITON
 
     # ------------------------------------------------------------------------------ public API
     def warmup(self, methods: Iterable[tuple[str, int]] | None = None, *, buckets: Iterable[int] | None = None,
@@ -764,13 +767,16 @@ class BatchedEngine:
         def compile_tree() -> None:
             tree: DDTreeBuildResult = prog["tree"]
             committed = self.committed[:b]
-            tokens = tree.token_ids.clone()
-            tokens[:, 0] = self.bonus[:b]
-            prog["tokens"] = tokens.clamp_min_(0)  # padding columns see only themselves
-            prog["positions"] = committed.unsqueeze(1) + tree.depths  # [B, N]
+            if self._round_kernels:  # one launch (triton_round.compile_tree) for the ~30 below
+                prog["tokens"], prog["positions"], mask = triton_round.compile_tree(tree, self.bonus[:b], committed)
+            else:
+                tokens = tree.token_ids.clone()
+                tokens[:, 0] = self.bonus[:b]
+                prog["tokens"] = tokens.clamp_min_(0)  # padding columns see only themselves
+                prog["positions"] = committed.unsqueeze(1) + tree.depths  # [B, N]
+                mask = ancestor_mask(tree.parents)  # padding columns (parent -1) see only themselves
             base = committed.clone()  # [B] the committed rows are the context; node j goes to row base + j
-            # padding columns (parent -1) see only themselves
-            prog["vis"] = Visibility(context_len=base, own_start=base, own_mask=ancestor_mask(tree.parents))
+            prog["vis"] = Visibility(context_len=base, own_start=base, own_mask=mask)
 
         def forward() -> None:
             prog["logits"], prog["features"] = self.target.forward(
@@ -831,7 +837,10 @@ class BatchedEngine:
             tree: DDTreeBuildResult = prog["tree"]
             logits = prog["logits"]
             if params is None:
-                res = verify_greedy(tree, logits, max_depth=depth, validate=False)
+                if self._round_kernels:  # the argmax, then one launch for the walk's ~25
+                    res = triton_round.greedy_walk(tree, logits.argmax(dim=-1), depth)
+                else:
+                    res = verify_greedy(tree, logits, max_depth=depth, validate=False)
                 result["entropy"].zero_()  # one-hot distributions
             else:
                 coins = keyed_uniforms(self.coin_key[:b], self.counter[:b], columns)  # [B, D + 1]

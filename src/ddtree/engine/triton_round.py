@@ -1,0 +1,125 @@
+"""Two of a round's small stages as one Triton kernel each (CUDA; the CPU under TRITON_INTERPRET=1).
+
+Under CUDA-graph replay a stage costs about 2-3 us per kernel it launches, whatever the kernel does. On the
+H200 the `gpu` pair's budget-64 round spent 0.074 ms compiling the tree (tokens, positions and the ancestor
+mask: ~30 launches, log2(N) rounds of pointer doubling) and 0.082 ms in the greedy walk (~25 launches), of a
+0.80 ms round; ddtree's compile also cost 0.028 ms more than dflash's chain (more doubling rounds). Here
+each is one launch:
+
+- `compile_tree`: the verify forward's inputs from a tree: token ids (the root is the row's bonus token,
+  padding columns token 0), positions (committed + depth) and the ancestor-only mask, each row's ancestors
+  found by following parent pointers (a path is at most the tree's depth long).
+- `greedy_walk`: the accept walk over per-node picks (the target's argmax at every node, one torch reduce
+  before it): from the root, move to the child whose token is the pick at the current node, stop at the
+  first pick that is no child's token (the bonus) or at `max_depth`.
+
+Both equal the torch reference (`ddtree.core.attention.ancestor_mask`, `ddtree.core.walk.walk`) exactly:
+integers only, no rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddtree.core.types import DDTreeBuildResult, VerifyResult
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the engine keeps the torch stages
+    triton = None
+
+HAS_TRITON = triton is not None
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+if triton is not None:
+
+    @triton.jit
+    def _compile_tree_kernel(tok_ptr, par_ptr, dep_ptr, bonus_ptr, committed_ptr, out_tok_ptr, out_pos_ptr,
+                             mask_ptr, N, ROWS: tl.constexpr, NP: tl.constexpr):
+        b = tl.program_id(0)
+        rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)  # [ROWS] nodes this program compiles
+        cols = tl.arange(0, NP)
+        live = rows < N
+        base = b.to(tl.int64) * N
+        tok = tl.load(tok_ptr + base + rows, mask=live, other=0)
+        bonus = tl.load(bonus_ptr + b)
+        tok = tl.where(rows == 0, bonus, tl.maximum(tok, 0))  # padding columns (-1) read token 0
+        tl.store(out_tok_ptr + base + rows, tok, mask=live)
+        depth = tl.load(dep_ptr + base + rows, mask=live, other=0)
+        tl.store(out_pos_ptr + base + rows, tl.load(committed_ptr + b) + depth, mask=live)
+        # ancestors: start at the node itself, then follow parents until every row has reached -1
+        cur = tl.where(live, rows.to(tl.int64), -1)
+        seen = cols[None, :] == cur[:, None]  # [ROWS, NP]
+        cur = tl.load(par_ptr + base + cur, mask=cur >= 0, other=-1)
+        while tl.max(cur, 0) >= 0:
+            seen = seen | (cols[None, :] == cur[:, None])
+            cur = tl.load(par_ptr + base + cur, mask=cur >= 0, other=-1)
+        out = mask_ptr + (base + rows[:, None]) * N + cols[None, :]
+        tl.store(out, seen.to(tl.int8), mask=live[:, None] & (cols[None, :] < N))
+
+    @triton.jit
+    def _greedy_walk_kernel(picks_ptr, par_ptr, tok_ptr, nodes_ptr, len_ptr, bonus_ptr, N, D,
+                            NP: tl.constexpr, DP: tl.constexpr):
+        b = tl.program_id(0)
+        cols = tl.arange(0, NP)
+        base = b.to(tl.int64) * N
+        par = tl.load(par_ptr + base + cols, mask=cols < N, other=-2)  # [NP]
+        tok = tl.load(tok_ptr + base + cols, mask=cols < N, other=-2)
+        slots = tl.arange(0, DP)
+        path = tl.where(slots == 0, 0, -1).to(tl.int64)  # [DP] accepted node per depth, root first
+        node = b * 0  # loop-carried scalars need tensor types from the start
+        step = b * 0
+        go = step == 0
+        while go:
+            pick = tl.load(picks_ptr + base + node)
+            child = tl.min(tl.where((par == node) & (tok == pick), cols, NP), 0)  # children carry distinct tokens
+            go = (child < NP) & (step < D)
+            node = tl.where(go, child, node)
+            step = tl.where(go, step + 1, step)
+            path = tl.where(go & (slots == step), child.to(tl.int64), path)
+        tl.store(nodes_ptr + b * (D + 1) + slots, path, mask=slots < D + 1)
+        tl.store(len_ptr + b, step.to(tl.int64))
+        tl.store(bonus_ptr + b, tl.load(picks_ptr + base + node))
+
+
+def compile_tree(tree: DDTreeBuildResult, bonus: torch.Tensor, committed: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens [B, N] int64, positions [B, N] int64, ancestor mask [B, N, N] bool) of the verify forward.
+
+    tree: [B, N] token ids (-1 at the root and on padding), parents (-1 at the root and on padding: padding
+    columns see only themselves), depths; bonus [B] (the root's token); committed [B] (the root's position)."""
+    batch, cols = tree.token_ids.shape
+    device = tree.token_ids.device
+    tokens = torch.empty((batch, cols), dtype=torch.int64, device=device)
+    positions = torch.empty_like(tokens)
+    mask = torch.empty((batch, cols, cols), dtype=torch.bool, device=device)
+    rows = 16
+    _compile_tree_kernel[(batch, triton.cdiv(cols, rows))](
+        tree.token_ids.contiguous(), tree.parents.contiguous(), tree.depths.contiguous(), bonus.contiguous(),
+        committed.contiguous(), tokens, positions, mask.view(torch.int8), cols, ROWS=rows,
+        NP=max(16, _pow2_at_least(cols)), num_warps=4,
+    )
+    return tokens, positions, mask
+
+
+def greedy_walk(tree: DDTreeBuildResult, picks: torch.Tensor, max_depth: int) -> VerifyResult:
+    """`ddtree.core.walk.walk(tree, picks, None, max_depth)` in one launch (one program per request).
+
+    picks [B, N] int64: the target's pick at every node. Returns accept_len [B], accepted_nodes [B, D + 1]
+    (root first, -1 padded), bonus [B] (the pick at the last accepted node), expected_accept_len = accept_len."""
+    batch, cols = tree.token_ids.shape
+    device = picks.device
+    nodes = torch.empty((batch, max_depth + 1), dtype=torch.int64, device=device)
+    accept_len = torch.empty(batch, dtype=torch.int64, device=device)
+    bonus = torch.empty(batch, dtype=torch.int64, device=device)
+    _greedy_walk_kernel[(batch,)](
+        picks.contiguous(), tree.parents.contiguous(), tree.token_ids.contiguous(), nodes, accept_len, bonus,
+        cols, max_depth, NP=max(16, _pow2_at_least(cols)), DP=max(16, _pow2_at_least(max_depth + 1)), num_warps=4,
+    )
+    return VerifyResult(accept_len=accept_len, accepted_nodes=nodes, bonus_token=bonus,
+                        expected_accept_len=accept_len.to(torch.float32))

@@ -1,0 +1,87 @@
+"""The round's one-launch stages (`ddtree.engine.triton_round`) against the torch reference they replace: equal
+exactly (integers only). Runs on CUDA, or on the CPU under TRITON_INTERPRET=1 (CPU CI: the child process below)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from ddtree.core.attention import ancestor_mask
+from ddtree.core.walk import walk
+from ddtree.engine import triton_attention
+from ddtree.testing.interpreter import pytest_under_interpreter
+from ddtree.testing.trees import batch_trees, random_tree
+
+ON_CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
+needs_kernel = pytest.mark.skipif(
+    not triton_attention.HAS_TRITON or not (ON_CUDA or INTERPRET), reason="needs triton and CUDA, or TRITON_INTERPRET=1"
+)
+DEVICE = torch.device("cuda" if ON_CUDA else "cpu")
+
+
+def _trees(seed: int, batch: int, cols: int, depth: int, vocab: int = 9):
+    """Random tries of 1..cols nodes padded to `cols` columns, and picks [B, N] that follow the tree at most
+    nodes (so walks go deep) and leave it elsewhere."""
+    rng = random.Random(seed)
+    tree = batch_trees([random_tree(rng.randint(1, cols), vocab, depth, rng) for _ in range(batch)], cols)
+    gen = torch.Generator().manual_seed(seed)
+    picks = torch.randint(0, vocab, (batch, cols), generator=gen)
+    tok, par = tree.token_ids, tree.parents
+    for b in range(batch):
+        for i in range(cols - 1, 0, -1):  # the oldest child (likeliest to have descendants) is written last
+            if par[b, i] >= 0 and torch.rand((), generator=gen) < 0.8:
+                picks[b, par[b, i]] = tok[b, i]
+    return _to(tree), picks.to(DEVICE)
+
+
+def _to(tree):
+    return type(tree)(*(getattr(tree, f).to(DEVICE) for f in ("token_ids", "parents", "depths", "node_logws",
+                                                              "num_nodes")))
+
+
+@needs_kernel
+@pytest.mark.parametrize("seed,batch,cols,depth", [(0, 5, 1, 0), (1, 7, 16, 15), (2, 4, 33, 6), (3, 3, 65, 15),
+                                                   (4, 2, 129, 15), (5, 9, 17, 3)])
+def test_round_compile_equals_torch(seed, batch, cols, depth):
+    from ddtree.engine.triton_round import compile_tree
+
+    tree, _ = _trees(seed, batch, cols, depth)
+    gen = torch.Generator().manual_seed(seed)
+    bonus = torch.randint(0, 9, (batch,), generator=gen).to(DEVICE)
+    committed = torch.randint(0, 500, (batch,), generator=gen).to(DEVICE)
+    tokens, positions, mask = compile_tree(tree, bonus, committed)
+    want_tokens = tree.token_ids.clone()
+    want_tokens[:, 0] = bonus
+    assert torch.equal(tokens, want_tokens.clamp_min(0))
+    assert torch.equal(positions, committed.unsqueeze(1) + tree.depths)
+    assert torch.equal(mask, ancestor_mask(tree.parents))
+
+
+@needs_kernel
+@pytest.mark.parametrize("seed,batch,cols,depth,max_depth", [(0, 6, 1, 0, 0), (1, 8, 16, 15, 15), (2, 5, 33, 6, 6),
+                                                             (3, 4, 65, 15, 15), (4, 3, 129, 15, 15),
+                                                             (5, 9, 40, 8, 3)])
+def test_round_greedy_walk_equals_torch(seed, batch, cols, depth, max_depth):
+    from ddtree.engine.triton_round import greedy_walk
+
+    tree, picks = _trees(seed, batch, cols, depth)
+    got = greedy_walk(tree, picks, max_depth)
+    want = walk(tree, picks, None, max_depth)
+    assert torch.equal(got.accept_len, want.accept_len)
+    assert torch.equal(got.accepted_nodes, want.accepted_nodes)
+    assert torch.equal(got.bonus_token, want.bonus_token)
+    assert torch.equal(got.expected_accept_len, want.expected_accept_len)
+    if max_depth >= 3 and cols >= 16:
+        assert int(want.accept_len.max()) >= 2  # the cases reach past the root's children
+
+
+@pytest.mark.skipif(ON_CUDA or INTERPRET or not triton_attention.HAS_TRITON,
+                    reason="the kernel tests run directly here (CUDA or the interpreter), or there is no triton")
+def test_round_kernels_under_the_interpreter():
+    """CPU CI: this file's kernel tests in a child process under Triton's interpreter."""
+    done = pytest_under_interpreter(__file__, "equals_torch")
+    assert done.returncode == 0 and "12 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
