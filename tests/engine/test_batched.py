@@ -250,14 +250,32 @@ def test_a_mixed_batch_walks_each_row_its_own_way(tiny_pair):
     assert [t.output_ids for t in together] == [a.output_ids for a in alone]
 
 
+@needs_lazy_walk
+@pytest.mark.parametrize("method,budget", [("ddtree", 8), ("dflash", 15)])
+def test_round_kernels_decode_as_the_torch_stages(tiny_pair, prompts, method, budget):
+    """On CUDA the tree compile and the greedy walk are one Triton launch each (`triton_round`): a batch with joins
+    and leaves decodes the same tokens, acceptances and finish reasons through them as through the torch stages."""
+    engine = BatchedEngine(load_pair(tiny_pair), method=method, budget=budget, max_batch=3)
+    requests = _requests(prompts)
+    for kernels in (False, True):
+        engine._round_kernels = kernels
+        engine._programs.clear()
+        outputs = engine.generate_batch(requests)
+        if not kernels:
+            want = outputs
+    assert [o.output_ids for o in outputs] == [w.output_ids for w in want]
+    assert [o.accept_lens for o in outputs] == [w.accept_lens for w in want]
+    assert [o.finish_reason for o in outputs] == [w.finish_reason for w in want]
+
+
 @pytest.mark.skipif(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
                     or importlib.util.find_spec("triton") is None,
                     reason="the lazy-walk tests run directly here (CUDA or the interpreter), or there is no triton")
 def test_lazy_walk_tests_under_the_interpreter():
     """CPU CI has no GPU: run the lazy-walk tests above in a child process under Triton's interpreter (which must
     be set before triton is imported)."""
-    done = pytest_under_interpreter(__file__, "lazy_walk_makes or mixed_batch_walks")
-    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+    done = pytest_under_interpreter(__file__, "lazy_walk_makes or mixed_batch_walks or round_kernels_decode")
+    assert done.returncode == 0 and "4 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
 
 
 def test_warmup_prepares_every_temperature_only_walk(tiny_pair):

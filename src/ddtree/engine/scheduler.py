@@ -84,6 +84,7 @@ class BatchScheduler(_Scheduler):
         self._waiting: deque[Job] = deque()
         self._running: dict[int, Job] = {}  # id(engine entry) -> job
         self._stopping = False
+        self._idle_since: float | None = None  # set while the loop waits for requests
         super().__init__(engine, name)
 
     def _key(self, job: Job) -> tuple[str, int]:
@@ -124,17 +125,27 @@ class BatchScheduler(_Scheduler):
                 self._running[id(entry)] = job
 
     def loop_stats(self) -> dict[str, float] | None:
-        """The engine's `LoopStats` (cumulative; read from another thread: a snapshot, good to a round)."""
+        """The engine's `LoopStats` (cumulative; read from another thread: a snapshot, good to a round), the idle
+        time counted up to now while waiting for requests (so a span's snapshots split an idle stretch)."""
         stats = getattr(self.engine, "loop_stats", None)
-        return stats.as_dict() if stats is not None else None
+        if stats is None:
+            return None
+        out = stats.as_dict()
+        since = self._idle_since
+        if since is not None:
+            out["idle_s"] += time.perf_counter() - since
+        return out
 
     def _loop(self) -> None:
         while not self._stopping:
             idle = not self._running and not self._waiting
-            t_idle = time.perf_counter()
+            if idle:
+                self._idle_since = time.perf_counter()
             self._drain_inbox(block=idle)
-            if idle and hasattr(self.engine, "loop_stats"):
-                self.engine.loop_stats.idle_s += time.perf_counter() - t_idle
+            if idle:
+                since, self._idle_since = self._idle_since, None
+                if hasattr(self.engine, "loop_stats"):
+                    self.engine.loop_stats.idle_s += time.perf_counter() - since
             if self._stopping:
                 break
             self._admit()
