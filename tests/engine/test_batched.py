@@ -255,7 +255,8 @@ def test_a_mixed_batch_walks_each_row_its_own_way(tiny_pair):
 def test_round_kernels_decode_as_the_torch_stages(tiny_pair, prompts, method, budget):
     """On CUDA the tree compile and the greedy walk are one Triton launch each (`triton_round`): a batch with joins
     and leaves decodes the same tokens, acceptances and finish reasons through them as through the torch stages."""
-    engine = BatchedEngine(load_pair(tiny_pair), method=method, budget=budget, max_batch=3)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU under the interpreter
+    engine = BatchedEngine(load_pair(tiny_pair), method=method, budget=budget, max_batch=3, device=device)
     requests = _requests(prompts)
     for kernels in (False, True):
         engine._round_kernels = kernels
