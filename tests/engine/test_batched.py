@@ -251,13 +251,15 @@ def test_a_mixed_batch_walks_each_row_its_own_way(tiny_pair):
 
 
 @needs_lazy_walk
-@pytest.mark.parametrize("method,budget", [("ddtree", 8), ("dflash", 15)])
-def test_round_kernels_decode_as_the_torch_stages(tiny_pair, prompts, method, budget):
-    """On CUDA the tree compile and the greedy walk are one Triton launch each (`triton_round`): a batch with joins
-    and leaves decodes the same tokens, acceptances and finish reasons through them as through the torch stages."""
+@pytest.mark.parametrize("method,budget,temperature", [("ddtree", 8, 0.0), ("dflash", 15, 0.0), ("ar", 1, 0.0),
+                                                       ("ddtree", 8, 1.0)])
+def test_round_kernels_decode_as_the_torch_stages(tiny_pair, prompts, method, budget, temperature):
+    """On CUDA the tree compile, the greedy walk and the commit's bookkeeping are one Triton launch each
+    (`triton_round`): a batch with joins and leaves decodes the same tokens, acceptances and finish reasons
+    through them as through the torch stages, greedy and (seeded) sampled."""
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU under the interpreter
     engine = BatchedEngine(load_pair(tiny_pair), method=method, budget=budget, max_batch=3, device=device)
-    requests = _requests(prompts)
+    requests = _requests(prompts, temperature=temperature, seed=11)
     for kernels in (False, True):
         engine._round_kernels = kernels
         engine._programs.clear()
@@ -276,7 +278,7 @@ def test_lazy_walk_tests_under_the_interpreter():
     """CPU CI has no GPU: run the lazy-walk tests above in a child process under Triton's interpreter (which must
     be set before triton is imported)."""
     done = pytest_under_interpreter(__file__, "lazy_walk_makes or mixed_batch_walks or round_kernels_decode")
-    assert done.returncode == 0 and "4 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0 and "6 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
 
 
 def test_warmup_prepares_every_temperature_only_walk(tiny_pair):

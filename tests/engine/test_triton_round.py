@@ -79,9 +79,50 @@ def test_round_greedy_walk_equals_torch(seed, batch, cols, depth, max_depth):
         assert int(want.accept_len.max()) >= 2  # the cases reach past the root's children
 
 
+@needs_kernel
+@pytest.mark.parametrize("seed,batch,cols,depth,has_draft", [(0, 6, 1, 0, False), (1, 8, 16, 15, True),
+                                                             (2, 5, 65, 15, True), (3, 4, 33, 6, True)])
+def test_round_commit_equals_torch(seed, batch, cols, depth, has_draft):
+    """The commit's bookkeeping in one launch == `core.verify.commit` and the engine's torch updates (rows past
+    the batch and the output buffers' spare columns untouched)."""
+    from ddtree.core.verify import commit
+    from ddtree.engine.triton_round import commit_rows, greedy_walk
+
+    tree, picks = _trees(seed, batch, cols, depth)
+    res = greedy_walk(tree, picks, depth)
+    gen = torch.Generator().manual_seed(seed)
+    rows, block = batch + 2, depth + 3  # state buffers larger than the batch, as the engine's
+    state = {"committed": torch.randint(0, 300, (rows,), generator=gen), "bonus": torch.randint(0, 9, (rows,), generator=gen),
+             "counter": torch.randint(0, 50, (rows,), generator=gen), "pending_len": torch.randint(0, 5, (rows,), generator=gen),
+             "out_tokens": torch.randint(-1, 9, (rows, block), generator=gen),
+             "out_counts": torch.randint(0, 9, (rows, 2), generator=gen), "out_expected": torch.rand((rows, 2), generator=gen)}
+    state = {k: v.to(DEVICE) for k, v in state.items()}
+    active = (torch.rand(batch, generator=gen) < 0.7).to(DEVICE)
+    entropy = torch.rand(batch, generator=gen).to(DEVICE)
+    bad = torch.tensor(seed % 2 == 1, device=DEVICE)
+    want = {k: v.clone() for k, v in state.items()}
+    done = commit(tree, res)
+    kept = torch.where(active, done.num_kept, 0)
+    want["committed"][:batch] += kept
+    want["bonus"][:batch] = res.bonus_token
+    want["counter"][:batch] += 1
+    want["out_tokens"][:batch, :depth + 1] = done.emitted_tokens
+    want["out_counts"][:batch, 0] = done.num_emitted
+    want["out_counts"][:batch, 1] = (bad & active).long() if has_draft else 0
+    want["out_expected"][:batch, 0] = res.expected_accept_len
+    want["out_expected"][:batch, 1] = entropy
+    if has_draft:
+        want["pending_len"][:batch] = kept
+    commit_rows(tree.token_ids, res, entropy, active, bad if has_draft else None, state["committed"][:batch],
+                state["bonus"][:batch], state["counter"][:batch], state["pending_len"][:batch] if has_draft else None,
+                state["out_tokens"][:batch], state["out_counts"][:batch], state["out_expected"][:batch])
+    for key in state:
+        assert torch.equal(state[key], want[key]), key
+
+
 @pytest.mark.skipif(ON_CUDA or INTERPRET or not triton_attention.HAS_TRITON,
                     reason="the kernel tests run directly here (CUDA or the interpreter), or there is no triton")
 def test_round_kernels_under_the_interpreter():
     """CPU CI: this file's kernel tests in a child process under Triton's interpreter."""
     done = pytest_under_interpreter(__file__, "equals_torch")
-    assert done.returncode == 0 and "12 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0 and "16 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]

@@ -264,7 +264,8 @@ class BatchedEngine:
         # the sampled walks warm-up captures: temperature-only rows (LAZY on CUDA), and the torch walk that rows with
         # 0 < T < FUSED_MIN_TEMPERATURE take; top-k / top-p variants are captured when first seen
         self._warm_walks = (LAZY, TORCH) if self._lazy_walk else (TORCH,)
-        # the tree compile and the greedy walk as one Triton launch each on CUDA (`triton_round`); torch elsewhere
+        # the tree compile, the greedy walk and the commit's bookkeeping as one Triton launch each on CUDA
+        # (`triton_round`); torch elsewhere
         self._round_kernels = self.device.type == "cuda" and triton_round.HAS_TRITON
 
     # ------------------------------------------------------------------------------ public API
@@ -912,15 +913,23 @@ class BatchedEngine:
             committed = self.committed[:b]
             res = VerifyResult(accept_len=result["accept_len"], accepted_nodes=result["nodes"],
                                bonus_token=result["bonus"], expected_accept_len=result["expected"])
-            done = commit(tree, res)
-            kept = torch.where(self.active_rows[:b], done.num_kept, torch.zeros_like(done.num_kept))  # [B], 0 on padding
-            if method != "ar":
+            if method != "ar":  # the accepted rows' K/V and features, before `committed` moves
                 nodes = result["nodes"].clamp_min(0)  # [B, b]
                 base = committed.unsqueeze(1)
                 self.target_cache.move_rows(b, base + nodes, base + offsets)
                 feats = prog["features"]
                 picked = feats.gather(1, nodes.unsqueeze(2).expand(b, width, feats.shape[2]))  # [B, b, k*H]
                 self.pending[:b] = self.drafter.project(picked)
+            if self._round_kernels:  # the bookkeeping below in one launch
+                triton_round.commit_rows(
+                    tree.token_ids, res, result["entropy"], self.active_rows[:b],
+                    prog["bad"] if method != "ar" else None, committed, self.bonus[:b], self.counter[:b],
+                    self.pending_len[:b] if method != "ar" else None, self.out_tokens[:b], self.out_counts[:b],
+                    self.out_expected[:b])
+                return
+            done = commit(tree, res)
+            kept = torch.where(self.active_rows[:b], done.num_kept, torch.zeros_like(done.num_kept))  # [B], 0 on padding
+            if method != "ar":
                 self.pending_len[:b] = kept
                 self.out_counts[:b, 1] = prog["bad"].to(torch.int64) & self.active_rows[:b].to(torch.int64)
             else:

@@ -1,10 +1,10 @@
-"""Two of a round's small stages as one Triton kernel each (CUDA; the CPU under TRITON_INTERPRET=1).
+"""A round's small stages as one Triton kernel each (CUDA; the CPU under TRITON_INTERPRET=1).
 
 Under CUDA-graph replay a stage costs about 2-3 us per kernel it launches, whatever the kernel does. On the
 H200 the `gpu` pair's budget-64 round spent 0.074 ms compiling the tree (tokens, positions and the ancestor
 mask: ~30 launches, log2(N) rounds of pointer doubling) and 0.082 ms in the greedy walk (~25 launches), of a
 0.80 ms round; ddtree's compile also cost 0.028 ms more than dflash's chain (more doubling rounds). Here
-each is one launch:
+each is one launch (session 12 on the H200: compile 0.074 -> 0.007 ms, walk 0.082 -> 0.028 ms):
 
 - `compile_tree`: the verify forward's inputs from a tree: token ids (the root is the row's bonus token,
   padding columns token 0), positions (committed + depth) and the ancestor-only mask, each row's ancestors
@@ -12,8 +12,11 @@ each is one launch:
 - `greedy_walk`: the accept walk over per-node picks (the target's argmax at every node, one torch reduce
   before it): from the root, move to the child whose token is the pick at the current node, stop at the
   first pick that is no child's token (the bonus) or at `max_depth`.
+- `commit_rows`: the commit's bookkeeping after the walk (emitted tokens, counts, committed length, bonus,
+  coin counter, pending length: ~20 launches, 0.07 ms of the pair's round); the accepted K/V rows and the
+  drafter's features stay torch (gathers and the drafter's projection).
 
-Both equal the torch reference (`ddtree.core.attention.ancestor_mask`, `ddtree.core.walk.walk`) exactly:
+All equal the torch reference (`ddtree.core.attention.ancestor_mask`, `ddtree.core.walk.walk`) exactly:
 integers only, no rounding.
 """
 
@@ -87,6 +90,36 @@ if triton is not None:
         tl.store(bonus_ptr + b, tl.load(picks_ptr + base + node))
 
 
+    @triton.jit
+    def _commit_rows_kernel(tok_ptr, nodes_ptr, len_ptr, pick_ptr, expected_ptr, entropy_ptr, active_ptr, bad_ptr,
+                            committed_ptr, bonus_ptr, counter_ptr, pending_len_ptr, out_tok_ptr, out_cnt_ptr,
+                            out_exp_ptr, N, W, OUT_W, HAS_DRAFT: tl.constexpr, WP: tl.constexpr):
+        b = tl.program_id(0)
+        slots = tl.arange(0, WP)
+        accept = tl.load(len_ptr + b)
+        active = tl.load(active_ptr + b) != 0
+        kept = accept + 1
+        kept_active = tl.where(active, kept, 0)
+        # slot j < accept emits the token of accepted node j + 1, slot accept the bonus, later slots -1
+        nxt = tl.load(nodes_ptr + b * W + slots + 1, mask=slots + 1 < W, other=-1)
+        drafted = tl.load(tok_ptr + b.to(tl.int64) * N + tl.maximum(nxt, 0), mask=slots < W, other=-1)
+        pick = tl.load(pick_ptr + b)
+        emitted = tl.where(slots < accept, drafted, tl.where(slots == accept, pick, -1))
+        tl.store(out_tok_ptr + b * OUT_W + slots, emitted, mask=slots < W)
+        tl.store(out_cnt_ptr + b * 2, kept)
+        if HAS_DRAFT:
+            bad = (tl.load(bad_ptr) != 0) & active
+            tl.store(out_cnt_ptr + b * 2 + 1, bad.to(tl.int64))
+            tl.store(pending_len_ptr + b, kept_active)
+        else:
+            tl.store(out_cnt_ptr + b * 2 + 1, kept * 0)
+        tl.store(out_exp_ptr + b * 2, tl.load(expected_ptr + b))
+        tl.store(out_exp_ptr + b * 2 + 1, tl.load(entropy_ptr + b))
+        tl.store(committed_ptr + b, tl.load(committed_ptr + b) + kept_active)
+        tl.store(bonus_ptr + b, pick)
+        tl.store(counter_ptr + b, tl.load(counter_ptr + b) + 1)
+
+
 def compile_tree(tree: DDTreeBuildResult, bonus: torch.Tensor, committed: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tokens [B, N] int64, positions [B, N] int64, ancestor mask [B, N, N] bool) of the verify forward.
@@ -123,3 +156,29 @@ def greedy_walk(tree: DDTreeBuildResult, picks: torch.Tensor, max_depth: int) ->
     )
     return VerifyResult(accept_len=accept_len, accepted_nodes=nodes, bonus_token=bonus,
                         expected_accept_len=accept_len.to(torch.float32))
+
+
+def commit_rows(token_ids: torch.Tensor, result: VerifyResult, entropy: torch.Tensor, active: torch.Tensor,
+                bad: torch.Tensor | None, committed: torch.Tensor, bonus: torch.Tensor, counter: torch.Tensor,
+                pending_len: torch.Tensor | None, out_tokens: torch.Tensor, out_counts: torch.Tensor,
+                out_expected: torch.Tensor) -> None:
+    """A round's bookkeeping after the walk, in place, in one launch: what `ddtree.core.verify.commit` and the
+    engine's per-row updates do in ~20. Per row b (B = token_ids' rows): out_tokens[b, :D + 1] <- the accepted
+    drafted tokens then the bonus, -1 padded; out_counts[b] <- (accept_len + 1, bad & active: non-finite draft
+    logits, 0 without a draft); out_expected[b] <- (expected_accept_len, entropy); committed += accept_len + 1
+    on active rows; bonus <- the walk's bonus; counter += 1; pending_len <- accept_len + 1 on active rows (0 on
+    padding rows) when there is a draft (`bad` and `pending_len` given).
+
+    token_ids [B, N] (the tree's); result: the walk's (accepted_nodes [B, D + 1]); entropy [B] fp32; active [B]
+    bool; bad: a 0-dim bool; the rest the engine's per-row state ([B] int64) and output buffers."""
+    batch, cols = token_ids.shape
+    width = result.accepted_nodes.shape[1]
+    has_draft = bad is not None
+    dummy = counter  # pointer arguments a launch without a draft never reads
+    _commit_rows_kernel[(batch,)](
+        token_ids.contiguous(), result.accepted_nodes.contiguous(), result.accept_len.contiguous(),
+        result.bonus_token.contiguous(), result.expected_accept_len.contiguous(), entropy.contiguous(),
+        active.view(torch.int8) if active.dtype == torch.bool else active, bad.view(torch.int8) if has_draft else dummy,
+        committed, bonus, counter, pending_len if has_draft else dummy, out_tokens, out_counts, out_expected,
+        cols, width, out_tokens.stride(0), HAS_DRAFT=has_draft, WP=max(16, _pow2_at_least(width)), num_warps=1,
+    )
