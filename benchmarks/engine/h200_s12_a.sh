@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# One 10-minute H200 command for the session after 11 (issue 12): the CUDA tests of the engine and the tree
-# attention beside the pair's training, then
-# the pair's shape with random weights profiled per stage and kernel (batch 1 and 8), the pair in the engine at batch 1 (budgets 16-128, T = 0 and 1) and
-# the server at 8 and 1 requests, budgets 32 and 64, two interleaved passes: session 11 measured the server
-# before the tree attention's merge moved into one launch and the launch rule was refitted (8 requests: ddtree
-# 1.06-1.12x dflash, 1.82-1.93x ar), and the engine after it (batch 1, T = 0: ddtree(64) 1.23x dflash).
+# Session 12's first H200 command (issue 12): the CUDA tests of the engine beside the pair's training, the pair in
+# the engine at batch 1 (budgets 16-128, T = 0 and 1), the server at 8 and 1 requests (budgets 32 and 64, two
+# interleaved passes), then the pair's shape with random weights profiled per stage and kernel (batch 1 and 8).
+# As run, the engine timing and the server did not fit T_TOTAL=480 after a 290 s training (see
+# benchmarks/results/2026-12-03/h200-s12/README.md); the server then ran in a second call on the warm machine.
 #   tar xzf .triton_cache.tgz; OUT=$OUT bash benchmarks/engine/h200_s12_a.sh      (carry .triton_cache.tgz, .whl)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
