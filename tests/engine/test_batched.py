@@ -25,9 +25,11 @@ def pair(tiny_pair):
     return load_pair(tiny_pair)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_pair):
-    return BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=16, max_batch=4)
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "overlap"])
+def engine(tiny_pair, request):
+    """Both round schedules: the unoverlapped one, and overlapped rounds (the default with CUDA graphs), whose
+    bookkeeping (a round read one step late, finished rows decoded once more and skipped) runs the same on the CPU."""
+    return BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=16, max_batch=4, overlap=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +95,23 @@ def test_seeded_sampling_is_independent_of_the_batch(engine, prompts, sampling):
     assert [t.output_ids for t in together] == [a.output_ids for a in alone]
     mixed = engine.generate_batch([requests[0], GenerationRequest(input_ids=prompts[1], max_new_tokens=20)])
     assert mixed[0].output_ids == alone[0].output_ids  # a greedy neighbour changes nothing either
+
+
+def test_an_overlapped_round_past_a_full_request_stays_in_its_slot(tiny_pair, prompts):
+    """A request sized to the engine's limit finishes while its neighbour goes on: the overlapped round after its
+    last one decodes its row once more (its outputs dropped), inside the slot's working rows, and the neighbour's
+    tokens equal its own decode alone."""
+    engine = BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=2, max_seq_len=64,
+                           overlap=True)
+    def most(prompt: list[int]) -> int:  # the most max_new_tokens a request may ask
+        return engine.max_seq_len - len(prompt) - (8 + 1 + engine.block_size)
+
+    requests = [GenerationRequest(input_ids=prompts[0], max_new_tokens=most(prompts[0])),
+                GenerationRequest(input_ids=prompts[1], max_new_tokens=most(prompts[1]) - 3)]
+    together = engine.generate_batch(requests)
+    assert len(together[0].output_ids) == most(prompts[0])
+    assert [o.output_ids for o in together] == [engine.generate(r).output_ids for r in requests]
+    assert engine._inflight is None and engine.num_active == 0
 
 
 def test_requests_beyond_the_capacity_name_the_limit(engine, prompts):

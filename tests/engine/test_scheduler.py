@@ -12,9 +12,9 @@ from ddtree.engine.scheduler import BatchScheduler, SerialScheduler, make_schedu
 from ddtree.models.pair import load_pair
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_pair):
-    return BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=3)
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "overlap"])
+def engine(tiny_pair, request):
+    return BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=3, overlap=request.param)
 
 
 def test_concurrent_requests_are_batched_and_equal_to_alone(engine):

@@ -14,8 +14,11 @@ at the smallest bucket size >= n. One round, as named stages (keys of `ddtree.en
                bonus / committed / counter updated, emitted tokens written to the output buffer
 `ar` is the same round with a root-only tree (N = 1) and no draft. On CUDA each stage is one CUDA graph per
 (bucket, method, budget) (the walk one per sampling variant), captured before serving; the host reads the
-emitted tokens once per round, which is the round's only synchronisation. With `profile_stages` CUDA events
-between the stage replays time them without adding any.
+emitted tokens once per round, which is the round's only synchronisation. With CUDA graphs rounds overlap
+(`overlap`): round R + 1 is enqueued before the host reads round R, so the host's bookkeeping (stop rules,
+callbacks, retiring finished rows) runs while the device decodes; a request that finishes in round R is decoded
+once more in R + 1 and those outputs are dropped (its slot has the working rows for it). With `profile_stages`
+rounds do not overlap, and CUDA events between the stage replays time them without adding synchronisations.
 
 Invariants between rounds, per active row: the target cache holds the committed tokens before the bonus in
 rows [0, committed); the drafter cache holds context K/V of positions [0, committed - pending_len), and
@@ -103,6 +106,16 @@ class _Active:
 
 
 @dataclass
+class _Flight:
+    """A launched round whose outputs the host has not read yet: its rows' requests at launch (row order), the
+    host buffer its outputs are copied to, and its stage times (profiled rounds only)."""
+
+    entries: list[_Active]
+    slot: int
+    times: dict[str, float]
+
+
+@dataclass
 class LoopStats:
     """Where a decoding loop's wall time goes, cumulative seconds: enqueueing each round's stages (`launch`),
     waiting for the device to finish them and reading the emitted tokens (`wait`), the host's bookkeeping after
@@ -165,6 +178,7 @@ class BatchedEngine:
         cuda_graphs: bool = True,
         prefill_graphs: bool | None = None,
         profile_stages: bool = False,
+        overlap: bool | None = None,
         attention: str = "auto",
         target: FusedDecoder | None = None,
         drafter: torch.nn.Module | None = None,
@@ -242,11 +256,22 @@ class BatchedEngine:
         self.out_counts = torch.zeros((m, 2), **i64)  # emitted count, non-finite draft flag
         self.out_expected = torch.zeros((m, 2), dtype=torch.float32, device=dev)  # expected accepts, root entropy
         pin = dev.type == "cuda"
-        self._host_tokens = torch.empty((m, b), dtype=torch.int64, pin_memory=pin)
-        self._host_counts = torch.empty((m, 2), dtype=torch.int64, pin_memory=pin)
-        self._host_expected = torch.empty((m, 2), dtype=torch.float32, pin_memory=pin)
-        self._copied = torch.cuda.Event() if pin else None
+        # Overlapped rounds (default with CUDA graphs): `step` enqueues round R + 1 before it reads round R's
+        # outputs, so the device runs R + 1 while the host does R's bookkeeping (stop rules, callbacks, retiring
+        # rows). A request that finishes in round R has decoded round R + 1 too; its outputs are dropped. Each
+        # launched round's outputs go to one of two pinned host buffers, with an event per buffer.
+        self.overlap = self.use_graphs if overlap is None else bool(overlap)
+        self._host_out = [(torch.empty((m, b), dtype=torch.int64, pin_memory=pin),
+                           torch.empty((m, 2), dtype=torch.int64, pin_memory=pin),
+                           torch.empty((m, 2), dtype=torch.float32, pin_memory=pin)) for _ in range(2)]
+        self._copied = [torch.cuda.Event() for _ in range(2)] if pin else None
+        self._next_slot = 0
+        self._inflight: _Flight | None = None
         self._retire_moves = torch.zeros(2, **i64)  # (src, dst) rows of `_retire`
+        # every (src, dst) pair on the device: `_retire` picks its pair by a device-side copy (a host-to-device copy
+        # would wait for the rounds in flight)
+        rows = torch.arange(m, **i64)
+        self._retire_pairs = torch.stack(torch.meshgrid(rows, rows, indexing="ij"), dim=-1).contiguous()  # [m, m, 2]
         self._retire_stage: _Stage | None = None
 
         self.loop_stats = LoopStats()
@@ -384,42 +409,94 @@ class BatchedEngine:
         return entry
 
     def step(self) -> list[_Active]:
-        """Run one round over the active rows; returns the requests that finished in it."""
-        if not self._active:
-            return []
+        """Run one round over the active rows; returns the requests that finished.
+
+        Overlapped (`overlap`, unless stages are profiled): enqueue the next round, then read and apply the previous
+        one's outputs while the device runs it, so the requests returned finished in the previous round (none
+        after the first launch). Otherwise the round is launched, read and applied in this call."""
+        stats = self.loop_stats
+        if not self.overlap or self.profile_stages:
+            done = self._drain()  # a round left in flight when profiling was switched on
+            if not self._active:
+                return done
+            t_start = time.perf_counter()
+            flight = self._launch()
+            t_launched = time.perf_counter()
+            outputs = self._read(flight)
+            t_read = time.perf_counter()
+            finished = self._apply(flight, outputs)
+            stats.launch_s += t_launched - t_start
+        else:
+            t_start = time.perf_counter()
+            flight = self._launch() if self._active else None
+            t_launched = time.perf_counter()
+            stats.launch_s += t_launched - t_start
+            previous, self._inflight = self._inflight, flight
+            if previous is None:
+                return []
+            outputs = self._read(previous)
+            t_read = time.perf_counter()
+            finished = self._apply(previous, outputs)
+            if not self._active:
+                self._inflight = None  # every row of the round just launched has finished: nothing to read
+            done = []
+        stats.wait_s += t_read - t_launched
+        stats.post_s += time.perf_counter() - t_read
+        return done + finished
+
+    def _drain(self) -> list[_Active]:
+        """Read and apply the round in flight, if any (switching to unoverlapped rounds)."""
+        flight, self._inflight = self._inflight, None
+        return self._apply(flight, self._read(flight)) if flight is not None else []
+
+    def _launch(self) -> _Flight:
+        """Enqueue one round over the active rows and the copy of its outputs to a host buffer."""
         method, budget = self._group  # type: ignore[misc]
         n = len(self._active)
         bucket = next(b for b in self.buckets if b >= n)
-        t_start = time.perf_counter()
         program = self._program(bucket, method, budget, self._variant())
+        slot, self._next_slot = self._next_slot, 1 - self._next_slot
         with torch.no_grad():
             times = self._run(program)
-            t_launched = time.perf_counter()
-            tokens, counts, expected = self._read_outputs(n)
-        t_read = time.perf_counter()
-        if any(bad for _, bad in counts):
+            for host, out in zip(self._host_out[slot], (self.out_tokens, self.out_counts, self.out_expected)):
+                host[:n].copy_(out[:n], non_blocking=self._copied is not None)
+            if self._copied is not None:
+                self._copied[slot].record()
+        return _Flight(list(self._active), slot, times)
+
+    def _read(self, flight: _Flight) -> tuple[list, list, list]:
+        """A launched round's emitted tokens, counts and expectations as Python lists (waits for that round only;
+        indexing a tensor per row and field cost ~3 us each, ~0.13 ms a round at 8 rows)."""
+        if self._copied is not None:
+            self._copied[flight.slot].synchronize()
+        n = len(flight.entries)
+        tokens, counts, expected = (t[:n].tolist() for t in self._host_out[flight.slot])
+        return tokens, counts, expected
+
+    def _apply(self, flight: _Flight, outputs: tuple[list, list, list]) -> list[_Active]:
+        """A round's outputs to its requests (stop rules, callbacks); finished requests leave the batch. Rows whose
+        request finished before (an overlapped round decodes them once more) are skipped."""
+        tokens, counts, expected = outputs
+        live = [(row, entry) for row, entry in enumerate(flight.entries) if entry.output is None]
+        if any(counts[row][1] for row, _ in live):
             self._fail_all(ValueError("draft logits contain non-finite values (nan or inf)"))
             raise ValueError("draft logits contain non-finite values (nan or inf)")
         finished = []
-        for row, entry in enumerate(self._active):
+        for row, entry in live:
             k = counts[row][0]
             entry.rounds += 1
             entry.accept_lens.append(k - 1)
             entry.expected.append(expected[row][0])
             entry.entropies.append(expected[row][1])
-            for stage, seconds in times.items():
+            for stage, seconds in flight.times.items():
                 entry.stage_times[stage] += seconds
             self._emit(entry, tokens[row][:k])
             if entry.state.finish_reason is not None:
-                finished.append(row)
-        done = self._finish_rows(finished)
-        stats = self.loop_stats
-        stats.rounds += 1
-        stats.row_rounds += n
-        stats.launch_s += t_launched - t_start
-        stats.wait_s += t_read - t_launched
-        stats.post_s += time.perf_counter() - t_read
-        return done
+                finished.append(entry)
+        self.loop_stats.rounds += 1
+        self.loop_stats.row_rounds += len(live)
+        row_of = {id(entry): row for row, entry in enumerate(self._active)}  # rows now (compaction moves them)
+        return self._finish_rows([row_of[id(entry)] for entry in finished])
 
     def cancel_all(self, error: BaseException) -> list[_Active]:
         """Drop every active request (after a failure); returns them."""
@@ -474,20 +551,6 @@ class BatchedEngine:
     def _columns(method: str, budget: int) -> int:
         return budget + 1  # root + nodes; dflash: D + 1; ar: 1
 
-    def _read_outputs(self, n: int) -> tuple[list, list, list]:
-        """The round's one synchronisation: emitted tokens, counts and expectations to the host, as Python lists
-        (indexing a tensor per row and field cost ~3 us each, ~0.13 ms a round at 8 rows)."""
-        outputs = (self.out_tokens[:n], self.out_counts[:n], self.out_expected[:n])
-        if self._copied is not None:  # CUDA: pinned copies, one event
-            hosts = (self._host_tokens[:n], self._host_counts[:n], self._host_expected[:n])
-            for host, out in zip(hosts, outputs):
-                host.copy_(out, non_blocking=True)
-            self._copied.record()
-            self._copied.synchronize()
-            outputs = hosts
-        tokens, counts, expected = (t.tolist() for t in outputs)
-        return tokens, counts, expected
-
     def _run(self, program: dict[str, Any]) -> dict[str, float]:
         stages: list[_Stage] = program["stages"]
         if not self.profile_stages:
@@ -527,7 +590,9 @@ class BatchedEngine:
             finished.append(entry)
             last = len(self._active) - 1
             moved = self._active[last]  # unfinished when last != row (higher finished rows went first)
-            self._retire(last, row, len(moved.request.input_ids) + len(moved.state.output_ids))
+            # the moved request's committed rows: prompt + output, plus one round's tokens the host has not read
+            # when rounds overlap
+            self._retire(last, row, len(moved.request.input_ids) + len(moved.state.output_ids) + self.block_size)
             if row != last:
                 self._active[row] = self._active[last]
             self._active.pop()
@@ -545,7 +610,7 @@ class BatchedEngine:
             if self.drafter_cache is not None:
                 self.drafter_cache.copy_slot(src, dst, rows)
         stage = self._retire_program()
-        self._retire_moves.copy_(torch.tensor([src, dst], dtype=torch.int64))
+        self._retire_moves.copy_(self._retire_pairs[src, dst])
         stage()
 
     def _retire_program(self) -> _Stage:
@@ -574,6 +639,7 @@ class BatchedEngine:
         self.top_p.index_fill_(0, index, 1.0)
 
     def _fail_all(self, error: BaseException) -> list[_Active]:
+        self._inflight = None  # its outputs belong to the dropped requests
         dropped, self._active = self._active, []
         self._group = None
         self._reset_rows(range(self.max_batch))
