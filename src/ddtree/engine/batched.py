@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ddtree import switches
 from ddtree.core.attention import ancestor_mask
 from ddtree.core.build import build_tree_capturable, build_tree_flagged, prepare_build
 from ddtree.core.sampling import SamplingParams, processed_weights
@@ -260,7 +261,7 @@ class BatchedEngine:
         # outputs, so the device runs R + 1 while the host does R's bookkeeping (stop rules, callbacks, retiring
         # rows). A request that finishes in round R has decoded round R + 1 too; its outputs are dropped. Each
         # launched round's outputs go to one of two pinned host buffers, with an event per buffer.
-        self.overlap = self.use_graphs if overlap is None else bool(overlap)
+        self.overlap = (self.use_graphs and not switches.current().no_overlap) if overlap is None else bool(overlap)
         self._host_out = [(torch.empty((m, b), dtype=torch.int64, pin_memory=pin),
                            torch.empty((m, 2), dtype=torch.int64, pin_memory=pin),
                            torch.empty((m, 2), dtype=torch.float32, pin_memory=pin)) for _ in range(2)]
