@@ -104,6 +104,7 @@ class _Active:
     stage_times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     output: GenerationOutput | None = None
     error: BaseException | None = None  # raised by its on_tokens callback (e.g. the client went away)
+    first_slot: int | None = None  # overlapped rounds: its first token's slot in the host ring, not read yet
 
 
 @dataclass
@@ -268,6 +269,13 @@ class BatchedEngine:
         self._copied = [torch.cuda.Event() for _ in range(2)] if pin else None
         self._next_slot = 0
         self._inflight: _Flight | None = None
+        # admitted rows' first tokens, read with the next round (`_stage_first`), and the prefill's pinned inputs
+        self._first_host = torch.empty(2 * m, dtype=torch.int64, pin_memory=pin)
+        self._first_events = [torch.cuda.Event() for _ in range(2 * m)] if pin else []
+        self._first_next = 0
+        self._input_ring = ([(torch.empty(0, dtype=torch.int64), torch.cuda.Event()) for _ in range(4)]
+                            if pin else [])
+        self._input_next = 0
         self._retire_moves = torch.zeros(2, **i64)  # (src, dst) rows of `_retire`
         # every (src, dst) pair on the device: `_retire` picks its pair by a device-side copy (a host-to-device copy
         # would wait for the rounds in flight)
@@ -388,7 +396,8 @@ class BatchedEngine:
 
     def admit(self, request: GenerationRequest, *, method: str, budget: int,
               on_tokens: TokenCallback | None = None) -> _Active:
-        """Prefill a request into the next free row (one graph replay under graphs) and emit its first token."""
+        """Prefill a request into the next free row (one graph replay under graphs) and emit its first token (with
+        overlapped rounds: when the next round's outputs are read)."""
         self.check_request(request, method, budget)
         if not self.can_admit(method, budget):
             raise RuntimeError("the batch is full or decodes another method/budget")
@@ -399,12 +408,15 @@ class BatchedEngine:
         entry = _Active(request=request, state=StopState(output_ids=[]),
                         append=self._appender(request), on_tokens=on_tokens, t_arrival=t_arrival)
         with torch.no_grad():
-            first = self._prefill(row, request, with_drafter=method != "ar")
-        entry.t_first = time.perf_counter()
+            self._prefill(row, request, with_drafter=method != "ar")
         self._active.append(entry)
-        self._emit(entry, [first])
-        if entry.state.finish_reason is not None:
-            self._finish_rows([row])
+        if self.overlap:  # read with the next round's outputs: a read now would wait for the round in flight
+            entry.first_slot = self._stage_first(row)
+        else:
+            entry.t_first = time.perf_counter()
+            self._emit(entry, [int(self.bonus[row])])
+            if entry.state.finish_reason is not None:
+                self._finish_rows([row])
         stats.admissions += 1
         stats.admit_s += time.perf_counter() - t_arrival
         return entry
@@ -478,11 +490,20 @@ class BatchedEngine:
         """A round's outputs to its requests (stop rules, callbacks); finished requests leave the batch. Rows whose
         request finished before (an overlapped round decodes them once more) are skipped."""
         tokens, counts, expected = outputs
-        live = [(row, entry) for row, entry in enumerate(flight.entries) if entry.output is None]
+        finished = []
+        # requests admitted since the last read: their first tokens come before any round's
+        for entry in self._active:
+            if entry.first_slot is not None:
+                first, entry.first_slot = self._read_first(entry.first_slot), None
+                entry.t_first = time.perf_counter()
+                self._emit(entry, [first])
+                if entry.state.finish_reason is not None:
+                    finished.append(entry)
+        live = [(row, entry) for row, entry in enumerate(flight.entries)
+                if entry.output is None and entry.state.finish_reason is None]
         if any(counts[row][1] for row, _ in live):
             self._fail_all(ValueError("draft logits contain non-finite values (nan or inf)"))
             raise ValueError("draft logits contain non-finite values (nan or inf)")
-        finished = []
         for row, entry in live:
             k = counts[row][0]
             entry.rounds += 1
@@ -677,9 +698,10 @@ class BatchedEngine:
         if rows:
             self._clear_rows(torch.tensor(rows, device=self.device))
 
-    def _prefill(self, row: int, request: GenerationRequest, *, with_drafter: bool) -> int:
+    def _prefill(self, row: int, request: GenerationRequest, *, with_drafter: bool) -> None:
         """Target forward over the prompt into `row`'s slot, the drafter context of the prompt, the row's state
-        (`_admit_row`), the first token. Staged: one host-to-device copy and one replay under graphs."""
+        (`_admit_row`), the first token (into `bonus[row]`). Staged: one host-to-device copy (from pinned memory,
+        so it does not wait for a round in flight) and one replay under graphs."""
         p = len(request.input_ids)
         with_drafter = with_drafter and self.drafter is not None
         length = next((x for x in self.prefill_buckets if x >= p), None)
@@ -691,7 +713,7 @@ class BatchedEngine:
         host[width + 4 :].view(torch.float32)[:] = torch.tensor([request.temperature, request.top_p])
         if length is not None:  # staged: padded to the bucket, one replay under graphs
             prog = self._prefill_program(length, with_drafter, row=row)
-            prog["inputs"].copy_(host)
+            self._copy_in(prog["inputs"], host)
             prog["stage"]()
             logits = prog["logits"]
         else:  # straight into the slot: the CPU, and prompts beyond the largest bucket
@@ -700,16 +722,47 @@ class BatchedEngine:
                                            self.drafter_cache if with_drafter else None, slot=row)
             self._admit_row(inputs[p:], logits)
         if request.temperature == 0:
-            return int(self.bonus[row])  # the argmax `_admit_row` wrote
+            return  # the argmax `_admit_row` wrote
         # a sampled first token: counter 0 of the row's coin key (the rounds use 1, 2, ...)
         dev = self.device
         params = SamplingParams(temperature=float(request.temperature), top_k=int(request.top_k),
                                 top_p=float(request.top_p))
         coins = keyed_uniforms(self.coin_key[row : row + 1], torch.zeros(1, dtype=torch.int64, device=dev),
                                column_keys(1, dev))
-        first = pick_tokens(logits[:, 0], params, coins)  # [1]
-        self.bonus[row : row + 1].copy_(first)
-        return int(first[0])
+        self.bonus[row : row + 1].copy_(pick_tokens(logits[:, 0], params, coins))
+
+    def _copy_in(self, dst: torch.Tensor, host: torch.Tensor) -> None:
+        """dst (on the device) <- host. On CUDA through the next of a ring of pinned buffers, so the copy waits for
+        nothing in flight (from pageable memory it would wait for the whole stream); a buffer is refilled only
+        after the copy that last read it has run (its event)."""
+        if self._copied is None:
+            dst.copy_(host)
+            return
+        i, self._input_next = self._input_next, (self._input_next + 1) % len(self._input_ring)
+        buffer, done = self._input_ring[i]
+        done.synchronize()
+        if buffer.numel() < host.numel():
+            buffer = torch.empty(host.numel(), dtype=host.dtype, pin_memory=True)
+        staged = buffer[: host.numel()]
+        staged.copy_(host)
+        dst.copy_(staged, non_blocking=True)
+        done.record()
+        self._input_ring[i] = (buffer, done)
+
+    def _stage_first(self, row: int) -> int:
+        """Copy `bonus[row]` (the admitted row's first token) to the next slot of a pinned host ring, with an event;
+        returns the slot (`_read_first`). The ring holds 2 x max_batch slots: at most max_batch admissions happen
+        between two reads, so a slot is read before it is reused."""
+        slot, self._first_next = self._first_next, (self._first_next + 1) % self._first_host.numel()
+        self._first_host[slot : slot + 1].copy_(self.bonus[row : row + 1], non_blocking=self._copied is not None)
+        if self._copied is not None:
+            self._first_events[slot].record()
+        return slot
+
+    def _read_first(self, slot: int) -> int:
+        if self._copied is not None:
+            self._first_events[slot].synchronize()
+        return int(self._first_host[slot])
 
     def _admit_row(self, fields: torch.Tensor, logits: torch.Tensor) -> None:
         """Capture-safe: the admitted row's state from its admission fields, int64 [ADMIT_FIELDS] = (last prompt
