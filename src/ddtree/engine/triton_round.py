@@ -16,8 +16,9 @@ each is one launch (session 12 on the H200: compile 0.074 -> 0.007 ms, walk 0.08
   coin counter, pending length: ~20 launches, 0.07 ms of the pair's round); the accepted K/V rows and the
   drafter's features stay torch (gathers and the drafter's projection).
 
-All equal the torch reference (`ddtree.core.attention.ancestor_mask`, `ddtree.core.walk.walk`) exactly:
-integers only, no rounding.
+All equal the torch reference (`ddtree.core.attention.ancestor_mask`, `ddtree.core.walk.walk`,
+`ddtree.core.verify.commit` and the engine's torch updates) exactly: integers and copied floats, no arithmetic
+that rounds.
 """
 
 from __future__ import annotations
