@@ -99,17 +99,30 @@ def test_seeded_sampling_is_independent_of_the_batch(engine, prompts, sampling):
 
 def test_an_overlapped_round_past_a_full_request_stays_in_its_slot(tiny_pair, prompts):
     """A request sized to the engine's limit finishes while its neighbour goes on: the overlapped round after its
-    last one decodes its row once more (its outputs dropped), inside the slot's working rows, and the neighbour's
-    tokens equal its own decode alone."""
+    last one decodes its row once more (its outputs dropped), inside the slot's working rows, and both requests'
+    tokens equal their decodes alone."""
     engine = BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=2, max_seq_len=64,
                            overlap=True)
+
     def most(prompt: list[int]) -> int:  # the most max_new_tokens a request may ask
         return engine.max_seq_len - len(prompt) - (8 + 1 + engine.block_size)
 
-    requests = [GenerationRequest(input_ids=prompts[0], max_new_tokens=most(prompts[0])),
-                GenerationRequest(input_ids=prompts[1], max_new_tokens=most(prompts[1]) - 3)]
+    full = prompts[1] + prompts[1]  # a longer prompt: fewer new tokens, so it ends first
+    requests = [GenerationRequest(input_ids=full, max_new_tokens=most(full)),
+                GenerationRequest(input_ids=prompts[0], max_new_tokens=most(prompts[0]))]
+    assert 0 < most(full) < most(prompts[0]) - 2 * engine.block_size
+    dropped = []  # requests an applied round decoded after they had finished
+    apply = engine._apply
+
+    def spy(flight, outputs):
+        dropped.extend(e.request for e in flight.entries if e.output is not None)
+        return apply(flight, outputs)
+
+    engine._apply = spy
     together = engine.generate_batch(requests)
-    assert len(together[0].output_ids) == most(prompts[0])
+    assert requests[0] in dropped  # the full request's row was decoded past its end
+    assert len(together[0].output_ids) == most(full)
+    engine._apply = apply
     assert [o.output_ids for o in together] == [engine.generate(r).output_ids for r in requests]
     assert engine._inflight is None and engine.num_active == 0
 

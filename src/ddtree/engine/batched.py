@@ -440,22 +440,35 @@ class BatchedEngine:
             finished = self._apply(flight, outputs)
             stats.launch_s += t_launched - t_start
         else:
+            done = []
+            if self._inflight is not None and self._may_all_finish(self._inflight):
+                # a round launched now might only decode requests that end with the one in flight: read that one
+                # first (at batch 1 a dropped round would cost a whole round a request)
+                t_wait = time.perf_counter()
+                done = self._drain()
+                stats.wait_s += time.perf_counter() - t_wait
             t_start = time.perf_counter()
             flight = self._launch() if self._active else None
             t_launched = time.perf_counter()
             stats.launch_s += t_launched - t_start
             previous, self._inflight = self._inflight, flight
             if previous is None:
-                return []
+                return done
             outputs = self._read(previous)
             t_read = time.perf_counter()
             finished = self._apply(previous, outputs)
             if not self._active:
                 self._inflight = None  # every row of the round just launched has finished: nothing to read
-            done = []
         stats.wait_s += t_read - t_launched
         stats.post_s += time.perf_counter() - t_read
         return done + finished
+
+    def _may_all_finish(self, flight: _Flight) -> bool:
+        """Whether every request still decoding in `flight` may reach its max_new_tokens with it (a round emits at
+        most block_size tokens a request, one for `ar`); stop tokens cannot be foreseen."""
+        most = 1 if self._group is not None and self._group[0] == "ar" else self.block_size
+        return all(e.request.max_new_tokens - len(e.state.output_ids) <= most
+                   for e in flight.entries if e.output is None)
 
     def _drain(self) -> list[_Active]:
         """Read and apply the round in flight, if any (switching to unoverlapped rounds)."""
