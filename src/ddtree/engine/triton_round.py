@@ -36,10 +36,6 @@ except ImportError:  # CPU-only installs: the engine keeps the torch stages
 HAS_TRITON = triton is not None
 
 
-def _pow2_at_least(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 if triton is not None:
 
     @triton.jit
@@ -136,7 +132,7 @@ def compile_tree(tree: DDTreeBuildResult, bonus: torch.Tensor, committed: torch.
     _compile_tree_kernel[(batch, triton.cdiv(cols, rows))](
         tree.token_ids.contiguous(), tree.parents.contiguous(), tree.depths.contiguous(), bonus.contiguous(),
         committed.contiguous(), tokens, positions, mask.view(torch.int8), cols, ROWS=rows,
-        NP=max(16, _pow2_at_least(cols)), num_warps=4,
+        NP=max(16, triton.next_power_of_2(cols)), num_warps=4,
     )
     return tokens, positions, mask
 
@@ -153,7 +149,8 @@ def greedy_walk(tree: DDTreeBuildResult, picks: torch.Tensor, max_depth: int) ->
     bonus = torch.empty(batch, dtype=torch.int64, device=device)
     _greedy_walk_kernel[(batch,)](
         picks.contiguous(), tree.parents.contiguous(), tree.token_ids.contiguous(), nodes, accept_len, bonus,
-        cols, max_depth, NP=max(16, _pow2_at_least(cols)), DP=max(16, _pow2_at_least(max_depth + 1)), num_warps=4,
+        cols, max_depth, NP=max(16, triton.next_power_of_2(cols)), DP=max(16, triton.next_power_of_2(max_depth + 1)),
+        num_warps=4,
     )
     return VerifyResult(accept_len=accept_len, accepted_nodes=nodes, bonus_token=bonus,
                         expected_accept_len=accept_len.to(torch.float32))
@@ -171,7 +168,8 @@ def commit_rows(token_ids: torch.Tensor, result: VerifyResult, entropy: torch.Te
     padding rows) when there is a draft (`bad` and `pending_len` given).
 
     token_ids [B, N] (the tree's); result: the walk's (accepted_nodes [B, D + 1]); entropy [B] fp32; active [B]
-    bool; bad: a 0-dim bool; the rest the engine's per-row state ([B] int64) and output buffers."""
+    bool (the engine's `active_rows`); bad: a 0-dim bool; the rest the engine's per-row state ([B] int64) and
+    output buffers."""
     batch, cols = token_ids.shape
     width = result.accepted_nodes.shape[1]
     has_draft = bad is not None
@@ -179,7 +177,7 @@ def commit_rows(token_ids: torch.Tensor, result: VerifyResult, entropy: torch.Te
     _commit_rows_kernel[(batch,)](
         token_ids.contiguous(), result.accepted_nodes.contiguous(), result.accept_len.contiguous(),
         result.bonus_token.contiguous(), result.expected_accept_len.contiguous(), entropy.contiguous(),
-        active.view(torch.int8) if active.dtype == torch.bool else active, bad.view(torch.int8) if has_draft else dummy,
+        active.view(torch.int8), bad.view(torch.int8) if has_draft else dummy,
         committed, bonus, counter, pending_len if has_draft else dummy, out_tokens, out_counts, out_expected,
-        cols, width, out_tokens.stride(0), HAS_DRAFT=has_draft, WP=max(16, _pow2_at_least(width)), num_warps=1,
+        cols, width, out_tokens.stride(0), HAS_DRAFT=has_draft, WP=max(16, triton.next_power_of_2(width)), num_warps=1,
     )
