@@ -184,6 +184,44 @@ def test_cuda_graph_rounds_equal_eager_rounds(tiny_pair, prompts, method, budget
             assert [x.output_ids for x in a] == [x.output_ids for x in c]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA streams, events and pinned buffers need a GPU"))])
+@pytest.mark.parametrize("method,budget", CONFIGS)
+def test_overlapped_rounds_equal_unoverlapped_rounds(tiny_pair, prompts, method, budget, device):
+    """The overlapped schedule (on CUDA: each round's outputs copied to one of two pinned buffers and read one step
+    late through its event, the prefill's inputs through a ring of pinned buffers, first tokens read with the next
+    round; the Triton round kernels) decodes the same tokens, acceptances and finish reasons as the unoverlapped
+    one: requests joining and leaving, stop tokens, first-token finishes, seeded sampling, and a request that
+    fills its slot to the engine's max_seq_len while a neighbour goes on."""
+    engines = [BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, max_seq_len=96, device=device,
+                             dtype=torch.float32, overlap=overlap) for overlap in (False, True)]
+    sync, overlapped = engines
+    assert overlapped.overlap and not sync.overlap
+    assert (overlapped._copied is not None) == (device == "cuda")  # the pinned buffers' events exist on CUDA only
+    columns = sync._columns(method, sync._effective_budget(method, budget))
+
+    def most(prompt: list[int]) -> int:  # the most max_new_tokens a request may ask
+        return sync.max_seq_len - len(prompt) - columns - sync.block_size
+
+    first = sync.generate(GenerationRequest(input_ids=prompts[0], max_new_tokens=8), method=method, budget=budget)
+    full = prompts[1] + prompts[1]
+    batches = [
+        _requests(prompts),
+        _requests(prompts, temperature=0.9, seed=3),
+        [GenerationRequest(input_ids=full, max_new_tokens=most(full)),
+         GenerationRequest(input_ids=prompts[0], max_new_tokens=8, stop_token_ids=[first.output_ids[3]]),
+         *(GenerationRequest(input_ids=p, max_new_tokens=1) for p in prompts[1:3]),
+         GenerationRequest(input_ids=prompts[4], max_new_tokens=most(prompts[4]), temperature=1.0, top_k=5,
+                           seed=11)],
+    ]
+    for requests in batches:
+        want, got = (engine.generate_batch(requests, method=method, budget=budget) for engine in engines)
+        assert [(o.output_ids, o.accept_lens, o.finish_reason) for o in got] == \
+               [(o.output_ids, o.accept_lens, o.finish_reason) for o in want]
+        assert overlapped._inflight is None and overlapped.num_active == 0
+    assert want[1].finish_reason == "stop" and len(want[0].output_ids) == most(full)
+
+
 def test_the_ar_draw_is_the_root_only_walk():
     """`ar` rounds draw the root's token directly (no walk): the same token as the root-only tree's sample-and-walk
     with the same coin, for greedy and sampled rows side by side."""
