@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/src" TRITON_CACHE_DIR="$PWD/.triton_cache" PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 (timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_triton_round.py \
-    tests/engine/test_batched.py -k "cuda or round_kernels or equals_torch" > "$OUT/tests.txt" 2>&1
+    tests/engine/test_batched.py tests/engine/test_scheduler.py -k "cuda or round_kernels or equals_torch" > "$OUT/tests.txt" 2>&1
  echo "tests rc=$?" >> "$OUT/tests.txt") &
 timeout -k 5 330 python3 benchmarks/gpu_pair/train_and_eval.py --pair-dir /tmp/gpu-pair --eval-prompts 0 \
     --max-minutes 5.3 > "$OUT/train.log" 2>&1

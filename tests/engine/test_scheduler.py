@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from ddtree.engine import GenerationRequest
 from ddtree.engine.batched import BatchedEngine
@@ -12,9 +13,14 @@ from ddtree.engine.scheduler import BatchScheduler, SerialScheduler, make_schedu
 from ddtree.models.pair import load_pair
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["sync", "overlap"])
+@pytest.fixture(scope="module", params=[("cpu", False), ("cpu", True), pytest.param(("cuda", True), marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))], ids=["sync", "overlap", "cuda-overlap"])
 def engine(tiny_pair, request):
-    return BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=3, overlap=request.param)
+    """Both round schedules on the CPU, and on CUDA the served default (graphs, overlapped rounds) driven from the
+    scheduler's thread."""
+    device, overlap = request.param
+    return BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=3, overlap=overlap,
+                         device=device, dtype=torch.float32)
 
 
 def test_concurrent_requests_are_batched_and_equal_to_alone(engine):
