@@ -51,7 +51,7 @@ from ddtree.core.verify import (
     walk,
 )
 from ddtree.engine import triton_round
-from ddtree.engine.chain import build_chain
+from ddtree.engine.chain import build_chain, chain_parents
 from ddtree.engine.checks import check_budget, check_method, check_request_fields, resolve_dtype
 from ddtree.engine.fast_model import FusedDecoder, StaticDrafter, Visibility, family_of, round_up
 from ddtree.engine.rng import column_keys, keyed_uniforms, request_keys
@@ -898,6 +898,11 @@ class BatchedEngine:
             head.append(_Stage("build", build))
             self._capture(head[-1])
 
+        # ar's and dflash's trees have the same shape every round (the root alone; a chain), so the torch path builds
+        # their ancestor mask once (on the CPU ~0.15 ms a round, half of `ar`'s round besides its forward)
+        fixed_mask = None if method == "ddtree" else ancestor_mask(
+            prog["tree"].parents if method == "ar" else chain_parents(b, depth, dev))
+
         def compile_tree() -> None:
             tree: DDTreeBuildResult = prog["tree"]
             committed = self.committed[:b]
@@ -908,7 +913,8 @@ class BatchedEngine:
                 tokens[:, 0] = self.bonus[:b]
                 prog["tokens"] = tokens.clamp_min_(0)  # padding columns see only themselves
                 prog["positions"] = committed.unsqueeze(1) + tree.depths  # [B, N]
-                mask = ancestor_mask(tree.parents)  # padding columns (parent -1) see only themselves
+                # padding columns (parent -1) see only themselves
+                mask = fixed_mask if fixed_mask is not None else ancestor_mask(tree.parents)
             base = committed.clone()  # [B] the committed rows are the context; node j goes to row base + j
             prog["vis"] = Visibility(context_len=base, own_start=base, own_mask=mask)
 

@@ -23,10 +23,16 @@ def build_chain(draft_logits: torch.Tensor) -> DDTreeBuildResult:
     cols = torch.arange(depth + 1, device=device)  # [N]
     minus_one = torch.full((batch, 1), -1, dtype=torch.long, device=device)
     token_ids = torch.cat([minus_one, best], dim=1)  # [B, N]
-    parents = (cols - 1).expand(batch, -1).contiguous()  # [B, N], root -1
+    parents = chain_parents(batch, depth, device)  # [B, N], root -1
     depths = cols.expand(batch, -1).contiguous()  # [B, N]
     node_logws = torch.cat([torch.zeros(batch, 1, device=device), best_logp.cumsum(dim=1)], dim=1)  # [B, N]
     num_nodes = torch.full((batch,), depth + 1, dtype=torch.long, device=device)
     return DDTreeBuildResult(
         token_ids=token_ids, parents=parents, depths=depths, node_logws=node_logws, num_nodes=num_nodes
     )
+
+
+def chain_parents(batch: int, depth: int, device: torch.device) -> torch.Tensor:
+    """[B, D + 1] int64: the chain's parent pointers (column c's parent is c - 1; the root's is -1), the same
+    every round."""
+    return (torch.arange(depth + 1, device=device) - 1).expand(batch, -1).contiguous()

@@ -101,9 +101,9 @@ def rope_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Te
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [B, T] -> cos, sin [B, T, 1, d] (halves layout, computed in fp32 like HF)."""
-    inv_freq = rope_inv_freq(head_dim, theta, positions.device)
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, T], inv_freq [d / 2] (`rope_inv_freq`, computed once per model) -> cos, sin [B, T, 1, d]
+    (halves layout, computed in fp32 like HF)."""
     freqs = positions.float().unsqueeze(-1) * inv_freq  # [B, T, d/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [B, T, d]
     return emb.cos().to(dtype).unsqueeze(2), emb.sin().to(dtype).unsqueeze(2)
@@ -196,7 +196,7 @@ class Attention:
         inputs = AttentionInputs(vis=vis, positions=positions, rows=vis.rows(), window=window)
         if self.backend == "sdpa":
             inputs.bias = attention_bias(vis.dense(window), self.num_heads // self.num_kv_heads, dtype)
-            inputs.cos, inputs.sin = rope_tables(positions, self.head_dim, self.theta, dtype)
+            inputs.cos, inputs.sin = rope_tables(positions, self.inv_freq, dtype)
         return inputs
 
     def project(self, qkv: torch.Tensor, inputs: AttentionInputs, q_norm: torch.Tensor | None,
@@ -536,7 +536,7 @@ class StaticDrafter:
                          own_mask=torch.ones((b, t, t), dtype=torch.bool, device=context.device))
         inputs = AttentionInputs(vis=vis, positions=positions, rows=positions, window=cache.capacity)  # no attention
         if self.attention.backend == "sdpa":
-            inputs.cos, inputs.sin = rope_tables(positions, self.head_dim, self.theta, context.dtype)
+            inputs.cos, inputs.sin = rope_tables(positions, self.attention.inv_freq, context.dtype)
         slots = slice(first_slot, first_slot + b)
         for i, w in enumerate(self.layers):
             self.attention.project(F.linear(context, w["kv"]), inputs, None, w["k_norm"], cache.keys[i, slots],
