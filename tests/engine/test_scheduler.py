@@ -78,3 +78,21 @@ def test_serial_scheduler_for_engines_without_a_batch_api():
     job = scheduler.submit(GenerationRequest(input_ids=[1, 2, 3]), on_tokens=seen.extend)
     assert job.future.result(timeout=10) == [1, 2, 3] and seen == [1, 2, 3]
     scheduler.stop()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_an_engine_on_a_second_gpu_decodes_from_the_schedulers_thread(tiny_pair):
+    """CUDA's current device is per thread (a new one starts on cuda:0), while Triton launches, graph captures and
+    event records use it: an engine on cuda:1, driven by the scheduler's thread, decodes as the same engine on
+    cuda:0 does."""
+    tok_texts = ["def f(", "import sys\n", "class A:", "while True:"]
+    outputs = []
+    for device in ("cuda:0", "cuda:1"):
+        engine = BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=3, device=device,
+                               dtype=torch.float32)
+        requests = [GenerationRequest(input_ids=engine.tokenizer.encode(t), max_new_tokens=16) for t in tok_texts]
+        scheduler = make_scheduler(engine)
+        jobs = [scheduler.submit(r) for r in requests]
+        outputs.append([job.future.result(timeout=300).output_ids for job in jobs])
+        scheduler.stop()
+    assert outputs[0] == outputs[1]

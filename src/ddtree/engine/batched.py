@@ -27,6 +27,7 @@ rows [0, committed); the drafter cache holds context K/V of positions [0, commit
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +39,7 @@ import torch
 from ddtree import switches
 from ddtree.core.attention import ancestor_mask
 from ddtree.core.build import build_tree_capturable, build_tree_flagged, prepare_build
+from ddtree.core.checks import canonical_device
 from ddtree.core.sampling import SamplingParams, processed_weights
 from ddtree.core.types import DDTreeBuildResult, VerifyResult
 from ddtree.core.verify import (
@@ -59,6 +61,23 @@ from ddtree.engine.stopping import StopState, append_tokens
 from ddtree.engine.types import STAGES, GenerationOutput, GenerationRequest
 
 log = logging.getLogger("ddtree.engine")
+
+
+def _on_device(method: Callable) -> Callable:
+    """Run an engine entry point with the engine's CUDA device current. CUDA's current device is per thread, and
+    Triton launches, CUDA-graph captures and event records use the current device's stream, not the device of the
+    tensors: an engine on cuda:1 driven from a thread whose current device is cuda:0 (any new thread, such as the
+    server's decoding thread) would launch its kernels on the wrong device and read its outputs before they are
+    copied."""
+
+    @functools.wraps(method)
+    def on_device(self: "BatchedEngine", *args: Any, **kwargs: Any) -> Any:
+        if self.device.type != "cuda":
+            return method(self, *args, **kwargs)
+        with torch.cuda.device(self.device):
+            return method(self, *args, **kwargs)
+
+    return on_device
 
 TokenCallback = Callable[[list[int]], None]
 Variant = tuple  # ("greedy",) or ("sample", top_k bucket, uses top_p, walks: LAZY / TORCH / BOTH)
@@ -193,7 +212,7 @@ class BatchedEngine:
             hf = pair.target
             if family_of(hf.config) is None:
                 raise ValueError(f"model family {getattr(hf.config, 'model_type', '?')!r} has no fast path")
-            self.device = torch.device(device) if device is not None else next(hf.parameters()).device
+            self.device = canonical_device(device) if device is not None else next(hf.parameters()).device
             self.dtype = resolve_dtype(dtype, self.device)
             hf = hf.to(device=self.device, dtype=self.dtype).eval()
             drafter = pair.drafter
@@ -202,6 +221,8 @@ class BatchedEngine:
             tokenizer = getattr(pair, "tokenizer", None)
         else:
             self.device, self.dtype = target.device, target.dtype
+        if self.device.type == "cuda":  # the constructing thread works on the engine's device (`_on_device`)
+            torch.cuda.set_device(self.device)
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = (StaticDrafter(drafter.to(device=self.device, dtype=self.dtype).eval(), attention=attention)
@@ -303,6 +324,7 @@ class BatchedEngine:
         self._round_kernels = self.device.type == "cuda" and triton_round.HAS_TRITON
 
     # ------------------------------------------------------------------------------ public API
+    @_on_device
     def warmup(self, methods: Iterable[tuple[str, int]] | None = None, *, buckets: Iterable[int] | None = None,
                sampled: bool = True) -> None:
         """Build (and on CUDA capture) the round programs of these (method, budget) pairs for every bucket,
@@ -342,6 +364,7 @@ class BatchedEngine:
         """Decode one request on its own (a batch of one)."""
         return self.generate_batch([request], method=method, budget=budget, on_tokens=[on_tokens])[0]
 
+    @_on_device
     def generate_batch(
         self,
         requests: list[GenerationRequest],
@@ -394,6 +417,7 @@ class BatchedEngine:
                 f"of {self.max_seq_len} tokens"
             )
 
+    @_on_device
     def admit(self, request: GenerationRequest, *, method: str, budget: int,
               on_tokens: TokenCallback | None = None) -> _Active:
         """Prefill a request into the next free row (one graph replay under graphs) and emit its first token (with
@@ -421,6 +445,7 @@ class BatchedEngine:
         stats.admit_s += time.perf_counter() - t_arrival
         return entry
 
+    @_on_device
     def step(self) -> list[_Active]:
         """Run one round over the active rows; returns the requests that finished.
 
@@ -533,6 +558,7 @@ class BatchedEngine:
         row_of = {id(entry): row for row, entry in enumerate(self._active)}  # rows now (compaction moves them)
         return self._finish_rows([row_of[id(entry)] for entry in finished])
 
+    @_on_device
     def cancel_all(self, error: BaseException) -> list[_Active]:
         """Drop every active request (after a failure); returns them."""
         return self._fail_all(error)

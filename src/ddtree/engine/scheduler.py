@@ -43,7 +43,7 @@ class _Scheduler:
     def __init__(self, engine, name: str) -> None:
         self.engine = engine
         self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, request: GenerationRequest, *, method: str | None = None, budget: int | None = None,
@@ -54,6 +54,16 @@ class _Scheduler:
 
     def stop(self) -> None:
         self._inbox.put(None)
+
+    def _run(self) -> None:
+        device = getattr(self.engine, "device", None)
+        if getattr(device, "type", None) == "cuda" and device.index is not None:
+            import torch
+
+            # CUDA's current device is per thread and a new thread starts on cuda:0: this one decodes on the
+            # engine's device (kernel launches and graph captures use the current device)
+            torch.cuda.set_device(device)
+        self._loop()
 
     def loop_stats(self) -> dict[str, float] | None:
         return None  # only the batch scheduler's engine keeps them
