@@ -55,3 +55,11 @@ def test_hardware_summary_picks_the_best_budget(tables):
     assert row["budget"] == 8 and row["speedup"] == pytest.approx(2.0)
     assert any("one hardware profile" in note for note in panel.notes)
     assert isinstance(panel.table, pd.DataFrame)
+
+
+def test_stage_times_that_were_not_recorded_give_a_note_not_a_plot_of_zeros(tables):
+    """Servers on CUDA time no stages by default: the per-stage panel says so and how to record them."""
+    tables = dict(tables, stages=tables["stages"].assign(seconds=0.0))
+    panel = report.stages_panel(tables)
+    assert panel.figure is None
+    assert any("--stage-times on" in note for note in panel.notes)

@@ -273,3 +273,16 @@ def test_method_needs_what_the_pair_has() -> None:
 )
 def test_stable_text_holds_back_what_may_change(text: str, stops: list[str], stable: str) -> None:
     assert stable_text(text, stops) == stable
+
+
+def test_stage_times_are_on_by_default_only_where_they_cost_no_synchronisation():
+    import argparse
+
+    from ddtree.server.cli import add_arguments, stage_times_on
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    resolve = lambda *extra: stage_times_on(parser.parse_args(["--model", "m", *extra]))  # noqa: E731
+    assert resolve() and resolve("--device", "cpu")
+    assert not resolve("--device", "cuda") and not resolve("--device", "cuda:1")
+    assert resolve("--device", "cuda", "--stage-times", "on") and not resolve("--stage-times", "off")

@@ -104,7 +104,8 @@ def test_meta_info_is_complete_and_consistent(server: ServerProcess, prompts: li
     assert all(0 <= a <= BUDGET for a in meta["accept_lens"])
     assert all(e >= 0 for e in meta["expected_accept_lens"])
     assert set(meta["stage_times"]) == {"draft", "tree_build", "tree_compile", "verify", "commit"}
-    assert all(v >= 0 for v in meta["stage_times"].values())
+    # the CPU server times its stages by default (`--stage-times auto`: a clock read per stage there)
+    assert all(meta["stage_times"][s] > 0 for s in ("draft", "tree_build", "verify", "commit"))
     assert 0 < meta["ttft"] <= meta["e2e_latency"] and meta["decode_time"] >= 0
     assert meta["e2e_latency"] >= meta["ttft"] + meta["decode_time"] - 1e-3
 

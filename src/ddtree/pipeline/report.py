@@ -242,6 +242,11 @@ def stages_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     if stages.empty:
         panel.notes.append("No per-stage times recorded.")
         return panel
+    if not (stages["seconds"] > 0).any():
+        panel.notes.append("No per-stage times recorded: the servers ran without stage timing (`ddtree serve "
+                           "--stage-times`: off by default on CUDA, where timing each stage synchronises the device; "
+                           "add `--stage-times on` to the hardware profile's server arguments to record them).")
+        return panel
     stages = _with_run(stages)
     per_run = (stages.groupby(["run", "stage"], dropna=False)
                .agg(seconds=("seconds", "sum"), rounds=("rounds", "sum")).reset_index())

@@ -49,7 +49,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "for the report's power panel only")
     parser.add_argument("--tree-sampling", action="store_true",
                         help="build sampled requests' trees on the drafter marginals processed like the target's")
+    parser.add_argument("--stage-times", default="auto", choices=("auto", "on", "off"),
+                        help="time each round's stages (draft, tree build, tree compile, verify, commit) into every "
+                             "response's stage_times; auto = on the CPU, where it costs a clock read per stage, off "
+                             "on CUDA, where it synchronises the device after each stage and turns off overlapped "
+                             "rounds")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def stage_times_on(args: argparse.Namespace) -> bool:
+    """`--stage-times`, with auto resolved by the device."""
+    choice = getattr(args, "stage_times", "auto")
+    if choice == "auto":
+        return not str(args.device).startswith("cuda")
+    return choice == "on"
 
 
 def warmup_budgets(args: argparse.Namespace) -> list[int]:
@@ -111,7 +124,7 @@ def build_app(args: argparse.Namespace) -> Any:
 
     engine = make_engine(pair, method=args.method, budget=args.budget, device=args.device, dtype=dtype,
                          max_batch=args.max_batch, max_seq_len=args.max_seq_len, verifier=args.verifier,
-                         tree_sampling=args.tree_sampling)
+                         tree_sampling=args.tree_sampling, profile_stages=stage_times_on(args))
     if hasattr(engine, "warmup"):  # CUDA graphs of every batch bucket, captured before the first request
         configs = [(args.method, args.budget)] + ([("ar", 1)] if args.method != "ar" else [])
         configs += [("ddtree", b) for b in warmup_budgets(args) if ("ddtree", b) not in configs]
