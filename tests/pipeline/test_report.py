@@ -30,6 +30,7 @@ def test_every_profile_panel_has_a_figure_and_its_numbers(tables):
         assert report.figure_png(panel.figure).startswith(b"\x89PNG")
     speed = panels[0]
     assert any("1 ddtree budget" in note for note in speed.notes)  # the records have one budget
+    assert (speed.table.set_index("run").loc["ar"].filter(like="tau ") == 1.0).all()  # one token a forward
     ddtree = speed.table.set_index("run").loc["ddtree-b8"]
     assert [ddtree["speedup greedy"], ddtree["speedup t1"]] == pytest.approx([2.0, 2.0])
     assert any("failed" in note for note in panels[4].notes)  # one throughput request errored

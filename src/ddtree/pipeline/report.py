@@ -77,6 +77,8 @@ def speedup_tau_panel(tables: dict[str, pd.DataFrame]) -> Panel:
         panel.notes.append("No acceptance records: speedup and tau cannot be shown.")
         return panel
     speed = _with_run(speed)
+    # `ar` commits one token a forward: its tau is 1 by definition (the records leave it empty)
+    speed["tau"] = speed["tau"].where(speed["method"] != "ar", speed["tau"].fillna(1.0))
     # one row per run, one column pair per variant: tau and speedup (ms per token in the sweep panel)
     wide = speed.pivot_table(index="run", columns="variant", values=["speedup", "tau"], sort=False)
     wide = wide.reindex([r for r in _run_order(speed) if r in wide.index])
