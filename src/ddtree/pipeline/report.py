@@ -253,6 +253,10 @@ def stages_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     per_run = (stages.groupby(["run", "stage"], dropna=False)
                .agg(seconds=("seconds", "sum"), rounds=("rounds", "sum")).reset_index())
     per_run["ms_per_round"] = 1e3 * per_run["seconds"] / per_run["rounds"].replace(0, np.nan)
+    counted = per_run.groupby("run")["rounds"].sum()
+    if (counted == 0).any():  # `ar` reports no speculative rounds (SGLang's spec_verify_ct is empty for it)
+        panel.notes.append(f"Left out (no speculative rounds to divide by): {', '.join(counted.index[counted == 0])}.")
+        per_run = per_run[per_run["run"].isin(counted.index[counted > 0])]
     wide = per_run.pivot(index="run", columns="stage", values="ms_per_round").fillna(0.0)
     wide = wide.reindex(index=[r for r in _run_order(stages) if r in wide.index],
                         columns=[s for s in STAGES if s in wide.columns] +
