@@ -79,6 +79,7 @@ def _on_device(method: Callable) -> Callable:
 
     return on_device
 
+
 TokenCallback = Callable[[list[int]], None]
 Variant = tuple  # ("greedy",) or ("sample", top_k bucket, uses top_p, walks: LAZY / TORCH / BOTH)
 # which sampled walks a round runs: every row takes the walk its own parameters choose (`lazy_rows`), so a seeded
