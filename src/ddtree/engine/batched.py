@@ -927,7 +927,7 @@ class BatchedEngine:
 
         # ar's and dflash's trees have the same shape every round (the root alone; a chain), so the torch path builds
         # their ancestor mask once (on the CPU ~0.15 ms a round, half of `ar`'s round besides its forward)
-        fixed_mask = None if method == "ddtree" else ancestor_mask(
+        fixed_mask = None if method == "ddtree" or self._round_kernels else ancestor_mask(
             prog["tree"].parents if method == "ar" else chain_parents(b, depth, dev))
 
         def compile_tree() -> None:

@@ -265,6 +265,7 @@ def stages_panel(tables: dict[str, pd.DataFrame]) -> Panel:
     plt, _ = _plt()
     fig, ax = plt.subplots(figsize=(8, 4))
     wide.plot(kind="bar", stacked=True, ax=ax)
+    ax.legend(title="stage", loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, not over them
     ax.set(ylabel="ms per round", xlabel="", title="stage breakdown (all variants)")
     fig.tight_layout()
     panel.figure = fig
