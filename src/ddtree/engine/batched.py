@@ -880,11 +880,23 @@ class BatchedEngine:
             if self.use_graphs and self._active:
                 log.warning("capturing round variant %s for %s during serving", variant, key)
             walk_stage = program["walks"][variant] = _Stage("walk", self._walk_fn(program, variant))
+            if self.use_graphs:
+                self._refresh(program["head"])
             self._capture(walk_stage)
             if program["commit"].graph is None:
                 self._capture(program["commit"])
         program["stages"] = [*program["head"], walk_stage, program["commit"]]
         return program
+
+    def _refresh(self, stages: list[_Stage]) -> None:
+        """Replay `stages` so that a capture's warm-up runs read this round's inputs. Graphs share one memory pool,
+        so a graph's outputs may sit in blocks an earlier-captured graph uses as scratch: between a program's
+        rounds its tree and logits hold another program's scratch (a warm-up walking such a tree gathers out of
+        bounds). Head stages write static buffers and cache rows at or beyond `committed` only (the draft rewrites
+        the pending context it will write again), so the replay changes no request's state."""
+        with torch.no_grad():
+            for stage in stages:
+                stage()
 
     def _capture(self, stage: _Stage) -> None:
         """CUDA: capture the stage. Its warm-up runs execute it for real, so the rows' state is restored after
@@ -911,6 +923,8 @@ class BatchedEngine:
             prog["tree"] = _root_tree(b, dev)
         else:
             head.append(self._draft_stage(b))
+            if self.use_graphs:  # a draft stage captured for another program: its output may hold scratch
+                self._refresh(head)
 
             def build() -> None:
                 draft_logits = self._draft_logits[b]  # the draft stage's (static, under graphs) output
