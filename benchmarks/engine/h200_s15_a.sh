@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# For the session after 14 (issue 12), first H200 command: the CUDA tests beside the full pair's training, then
+# the pair in the engine at batch 1 with overlapped rounds (the default) and without (DDTREE_NO_OVERLAP=1), and
+# the Triton cache brought back (session 14's runs spent over 70 s compiling the build kernels the carried cache
+# lacked): replace .triton_cache.tgz with $OUT/triton_cache.tgz after the call.
+#   tar xzf .triton_cache.tgz; OUT=$OUT bash benchmarks/engine/h200_s15_a.sh      (carry .triton_cache.tgz)
+# then, on the warm machine (the pair in /tmp/gpu-pair): OUT=$OUT bash benchmarks/engine/h200_s13_b.sh
+# Fits the 600 s a command may run: training 330 s beside the tests (~145 s), then 130 + 90 s.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONPATH="$PWD/src" TRITON_CACHE_DIR="$PWD/.triton_cache" PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+(timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_triton_round.py \
+    tests/engine/test_batched.py tests/engine/test_scheduler.py -k "cuda or round_kernels or equals_torch" > "$OUT/tests.txt" 2>&1
+ echo "tests rc=$?" >> "$OUT/tests.txt") &
+timeout -k 5 330 python3 benchmarks/gpu_pair/train_and_eval.py --pair-dir /tmp/gpu-pair --eval-prompts 0 \
+    --max-minutes 5.3 > /tmp/train.log 2>&1
+echo "train rc=$?"; grep -E "^pair|target :|drafter:" /tmp/train.log
+wait
+grep -E "passed|failed|FAILED|Error" "$OUT/tests.txt" | tail -8; tail -1 "$OUT/tests.txt"
+for mode in overlap sync; do
+    [ "$mode" = sync ] && export DDTREE_NO_OVERLAP=1
+    limit=$([ "$mode" = overlap ] && echo 130 || echo 90)  # the first run compiles what the cache lacks
+    PYTHONFAULTHANDLER=1 timeout -s ABRT -k 5 "$limit" python3 -m ddtree.cli bench engine --model /tmp/gpu-pair \
+        --num-prompts 12 --max-new-tokens 128 --budgets 32,64 --temperatures 0,1 --warmup-seconds 5 --no-progress \
+        --json-out "$OUT/pair_engine_$mode.json" > "$OUT/pair_engine_$mode.txt" 2>&1
+    echo "engine $mode rc=$?"; grep -E "^ *(ar|dflash|ddtree) |^pass" "$OUT/pair_engine_$mode.txt" || tail -30 "$OUT/pair_engine_$mode.txt"
+done
+tar czf "$OUT/triton_cache.tgz" .triton_cache && ls -la "$OUT/triton_cache.tgz"
