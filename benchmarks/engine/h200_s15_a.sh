@@ -5,8 +5,8 @@
 # lacked): replace .triton_cache.tgz with $OUT/triton_cache.tgz after the call.
 #   tar xzf .triton_cache.tgz; OUT=$OUT bash benchmarks/engine/h200_s15_a.sh      (carry .triton_cache.tgz)
 # then, on the warm machine (the pair in /tmp/gpu-pair): OUT=$OUT bash benchmarks/engine/h200_s13_b.sh
-# Fits the 600 s a command may run: training 330 s beside the tests (145 s here, 200 at most) and a cost-model run of the pair's
-# shape that compiles its build kernels, then 130 + 90 s.
+# Fits the 600 s a command may run: training 330 s beside the tests (145 s here, 200 at most) and a
+# cost-model run of the pair's shape that compiles its build kernels, then 130 + 90 s.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/src" TRITON_CACHE_DIR="$PWD/.triton_cache" PYTHONUNBUFFERED=1
