@@ -61,6 +61,15 @@ def test_bench_engine_runs_and_writes_json(untrained_pair, tmp_path, capsys):
     assert all(r["tau"] >= 1.0 for r in rows)
     assert [r["speedup"] for r in rows if r["method"] == "ar"] == [1.0, 1.0]
     assert len(payload["records"]) == 2 * 2 * 4
+    # stage times are on by default on the CPU: every speculative round has a positive draft and verify time
+    assert payload["stage_times"] is True
+    assert all(r["stage_ms"]["draft"] > 0 and r["stage_ms"]["verify"] > 0 for r in rows if r["method"] != "ar")
+
+    # off: the stage columns say "-" rather than a misleading 0.000
+    args.stage_times, args.json_out, args.temperatures = "off", None, "0"
+    assert engine_bench.run(args) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("ddtree")]
+    assert lines and all(line[7:12] == ["-"] * 5 for line in lines)  # draft .. commit
 
 
 def test_cost_model_runs_every_cell_on_cpu(tmp_path):

@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from ddtree.bench.text_table import text_table
-from ddtree.engine.types import DEFAULT_MAX_NEW_TOKENS, METHODS, STAGES, GenerationOutput, GenerationRequest
+from ddtree.engine.types import (
+    DEFAULT_MAX_NEW_TOKENS,
+    METHODS,
+    STAGE_TIMES,
+    STAGE_TIMES_HELP,
+    STAGES,
+    GenerationOutput,
+    GenerationRequest,
+    stage_times_on,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the whole timed pass this many times in this process and report how far the "
                         "repeats' time per token differs (each repeat's table is printed)")
+    parser.add_argument("--stage-times", default="auto", choices=STAGE_TIMES,
+                        help=STAGE_TIMES_HELP + "; the per-stage columns show - when off")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--json-out", default=None, help="write the summary rows and per-request records here")
     parser.add_argument("--max-batch", type=int, default=1, help="engine batch capacity (this benchmark decodes one "
@@ -104,7 +115,8 @@ def summarize(outputs: list[GenerationOutput], ar_outputs: list[GenerationOutput
     return row
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
+def format_table(rows: list[dict[str, Any]], *, stage_times: bool = True) -> str:
+    """The summary rows as a text table; without `stage_times` (stages not timed) the per-stage columns show -."""
     head = ["method", "budget", "T", "tau", "E[tau]", "tpot_ms", "speedup"] + [f"{s}_ms" for s in STAGES] + ["match_ar"]
     lines = []
     for r in rows:
@@ -112,7 +124,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             [r["method"], "-" if r["budget"] is None else str(r["budget"]), f"{r['temperature']:g}",
              f"{r['tau']:.2f}", f"{r['expected_tau']:.2f}", f"{r['tpot_ms']:.3f}", f"{r['speedup']:.2f}x"]
-            + [f"{r['stage_ms'][s]:.3f}" for s in STAGES]
+            + [f"{r['stage_ms'][s]:.3f}" if stage_times else "-" for s in STAGES]
             + ["-" if match is None else f"{match:.2f}"]
         )
     return text_table([head, *lines])
@@ -130,11 +142,14 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from ddtree.bench.http_client import load_prompts
+    from ddtree.bench.http_client import load_prompts, setup_logging
     from ddtree.engine.batched import make_engine
     from ddtree.engine.checks import default_dtype, resolve_dtype
     from ddtree.models.pair import load_pair
 
+    # the engine's warm-up logs one line per captured round program: on a fresh GPU machine it also compiles the
+    # Triton kernels (minutes), which would otherwise pass in silence
+    setup_logging()
     budgets = parse_list(args.budgets, int, "--budgets")
     temperatures = parse_list(args.temperatures, float, "--temperatures")
     methods = parse_list(args.methods, str, "--methods")
@@ -155,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
     prompts = load_prompts(prompts_path, args.num_prompts)
 
     pair = load_pair(args.model, device=device, dtype=dtype)
+    stage_times = stage_times_on(args.stage_times, device)
     engine = make_engine(pair, method="ddtree", budget=budgets[0], device=device, dtype=dtype,
+                         profile_stages=stage_times,
                          max_batch=args.max_batch, max_seq_len=args.max_prompt_tokens + args.max_new_tokens + max(budgets) + 40)
     if hasattr(engine, "warmup"):
         engine.warmup([(m, b or budgets[0]) for m, b in configurations(methods, budgets)])
@@ -182,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     passes = []
     for repeat in range(args.repeats):
         rows, records, wall = _timed_pass(engine, prompts, token_ids, configs, temperatures, args, tqdm, repeat)
-        print(format_table(rows))
+        print(format_table(rows, stage_times=stage_times))
         print(f"pass {repeat + 1}/{args.repeats}: {len(token_ids)} prompts x {args.max_new_tokens} new tokens, "
               f"device {device}, dtype {str(dtype).replace('torch.', '')}, threads {torch.get_num_threads()}, "
               f"wall {wall:.1f}s", flush=True)
@@ -196,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         payload = {
             "config": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-            "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+            "device": str(device), "dtype": str(dtype).replace("torch.", ""), "stage_times": stage_times,
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version(), "wall_s": wall, "rows": rows, "records": records,
             "repeat_rows": [p["rows"] for p in passes], "repeat_spread": {str(k): v for k, v in spread.items()},

@@ -44,3 +44,19 @@ class GenerationOutput:
     def tau(self) -> float:
         """Mean tokens committed per round including the bonus."""
         return (sum(self.accept_lens) + len(self.accept_lens)) / max(len(self.accept_lens), 1)
+
+
+STAGE_TIMES = ("auto", "on", "off")
+STAGE_TIMES_HELP = ("time each round's stages (draft, tree build, tree compile, verify, commit); auto = on the CPU, "
+                    "where it costs a clock read per stage, off on CUDA, where it synchronises the device after "
+                    "each stage and turns off overlapped rounds")
+
+
+def stage_times_on(choice: str, device: object) -> bool:
+    """`--stage-times` (one of STAGE_TIMES) for an engine on `device` (a resolved device or its name: cpu, cuda,
+    cuda:N), with auto resolved by the device type."""
+    if choice not in STAGE_TIMES:
+        raise ValueError(f"stage times must be one of {STAGE_TIMES}, got {choice!r}")
+    if choice == "auto":
+        return not str(device).startswith("cuda")
+    return choice == "on"

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddtree.engine.types import METHODS
+from ddtree.engine.types import METHODS, STAGE_TIMES, STAGE_TIMES_HELP, stage_times_on as resolve_stage_times
 
 DTYPES = ("float32", "bfloat16", "float16")
 SHUTDOWN_TIMEOUT_S = 3
@@ -49,20 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "for the report's power panel only")
     parser.add_argument("--tree-sampling", action="store_true",
                         help="build sampled requests' trees on the drafter marginals processed like the target's")
-    parser.add_argument("--stage-times", default="auto", choices=("auto", "on", "off"),
-                        help="time each round's stages (draft, tree build, tree compile, verify, commit) into every "
-                             "response's stage_times; auto = on the CPU, where it costs a clock read per stage, off "
-                             "on CUDA, where it synchronises the device after each stage and turns off overlapped "
-                             "rounds")
+    parser.add_argument("--stage-times", default="auto", choices=STAGE_TIMES,
+                        help=STAGE_TIMES_HELP + " (into every response's stage_times)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
 def stage_times_on(args: argparse.Namespace) -> bool:
     """`--stage-times`, with auto resolved by the device."""
-    choice = getattr(args, "stage_times", "auto")
-    if choice == "auto":
-        return not str(args.device).startswith("cuda")
-    return choice == "on"
+    return resolve_stage_times(getattr(args, "stage_times", "auto"), args.device)
 
 
 def warmup_budgets(args: argparse.Namespace) -> list[int]:
