@@ -2,7 +2,7 @@
 # For the session after 14 (issue 12), first H200 command: the CUDA tests beside the full pair's training, then
 # the pair in the engine at batch 1 with overlapped rounds (the default) and without (DDTREE_NO_OVERLAP=1), and
 # the Triton cache brought back (session 14's runs spent over 70 s compiling the build kernels the carried cache
-# lacked): replace .triton_cache.tgz with $OUT/triton_cache.tgz after the call.
+# lacked): merge the entries of $OUT/triton_cache_new.tgz into .triton_cache.tgz after the call.
 #   tar xzf .triton_cache.tgz; OUT=$OUT bash benchmarks/engine/h200_s15_a.sh      (carry .triton_cache.tgz)
 # then, on the warm machine (the pair in /tmp/gpu-pair): OUT=$OUT bash benchmarks/engine/h200_s13_b.sh
 # Fits the 600 s a command may run: training 330 s beside the tests (145 s here, 200 at most) and a
@@ -17,7 +17,8 @@ mkdir -p "$OUT"
  # compiles the build kernels of the pair's shape (random weights) into the cache while the pair trains
  timeout 150 python3 -m ddtree.cli bench engine --random-weights gpu-pair --budgets 32,64 --batch-sizes 1 --rounds 5 \
      > /tmp/precompile.txt 2>&1; echo "precompile rc=$?" >> "$OUT/tests.txt") &
-timeout -k 5 330 python3 benchmarks/gpu_pair/train_and_eval.py --pair-dir /tmp/gpu-pair --eval-prompts 0 \
+touch /tmp/before_s15  # the Triton cache entries written after this come back
+OUT=/tmp/train_out timeout -k 5 330 python3 benchmarks/gpu_pair/train_and_eval.py --pair-dir /tmp/gpu-pair --eval-prompts 0 \
     --max-minutes 5.3 > /tmp/train.log 2>&1
 echo "train rc=$?"; grep -E "^pair|target :|drafter:" /tmp/train.log
 wait
@@ -30,4 +31,8 @@ for mode in overlap sync; do
         --json-out "$OUT/pair_engine_$mode.json" > "$OUT/pair_engine_$mode.txt" 2>&1
     echo "engine $mode rc=$?"; grep -E "^ *(ar|dflash|ddtree) |^pass" "$OUT/pair_engine_$mode.txt" || tail -30 "$OUT/pair_engine_$mode.txt"
 done
-tar czf "$OUT/triton_cache.tgz" .triton_cache && ls -la "$OUT/triton_cache.tgz"
+# at most 8 files come back: the tests, two tables, the JSONs in one archive, the new cache entries in another
+tar czf "$OUT/pair_engine_json.tgz" -C "$OUT" pair_engine_overlap.json pair_engine_sync.json \
+    && rm -f "$OUT"/pair_engine_*.json
+find .triton_cache -newer /tmp/before_s15 -type f > /tmp/new_cache_files
+tar czf "$OUT/triton_cache_new.tgz" -T /tmp/new_cache_files && ls -la "$OUT/triton_cache_new.tgz"
