@@ -222,6 +222,48 @@ def test_overlapped_rounds_equal_unoverlapped_rounds(tiny_pair, prompts, method,
     assert want[1].finish_reason == "stop" and len(want[0].output_ids) == most(full)
 
 
+class _EagerGraph:
+    """Stands in for a captured CUDA graph on the CPU: a replay runs the stage's function."""
+
+    def __init__(self, fn) -> None:
+        self.replay = fn
+
+
+def _capture_eagerly(stage, device, pool) -> None:
+    """`_Stage.capture`'s protocol without CUDA: the two warm-up runs, the stand-in graph, its first replay."""
+    for _ in range(2):
+        stage.fn()
+    stage.graph = _EagerGraph(stage.fn)
+    stage.graph.replay()
+
+
+@pytest.mark.parametrize("method,budget", [("dflash", 1), ("ddtree", 16)])
+def test_a_walk_variant_first_met_while_serving_is_captured_on_fresh_inputs(tiny_pair, prompts, monkeypatch,
+                                                                            method, budget):
+    """CUDA graphs share one memory pool, so between a program's rounds its tree and logits may hold another
+    graph's scratch (on the H200 a seeded batch after a greedy one gathered out of bounds in the capture's warm-up
+    walk). On the CPU, with stand-in graphs: after a greedy batch every program's tree and logits are overwritten
+    with out-of-range values, then a sampled batch captures its walk variant mid-serving and decodes the same
+    tokens as an engine that never captures."""
+    from ddtree.engine import batched
+
+    monkeypatch.setattr(batched._Stage, "capture", _capture_eagerly)
+    engine = BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, device="cpu", dtype=torch.float32)
+    engine.use_graphs = True  # the capture protocol (`_capture`, `_refresh`) with the stand-in graphs
+    plain = BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, device="cpu", dtype=torch.float32)
+    engine.generate_batch(_requests(prompts), method=method, budget=budget)
+    assert engine._programs and all(len(p["walks"]) == 1 for p in engine._programs.values())
+    for program in engine._programs.values():  # another graph's scratch
+        program["tree"].parents.fill_(10**6)
+        program["tree"].token_ids.fill_(10**6)
+        program["logits"].fill_(float("nan"))
+    sampled = _requests(prompts, temperature=0.9, seed=3)
+    got = engine.generate_batch(sampled, method=method, budget=budget)
+    want = plain.generate_batch(sampled, method=method, budget=budget)
+    assert [(o.output_ids, o.accept_lens) for o in got] == [(o.output_ids, o.accept_lens) for o in want]
+    assert all(len(p["walks"]) == 2 for p in engine._programs.values() if p["walks"])
+
+
 def test_the_ar_draw_is_the_root_only_walk():
     """`ar` rounds draw the root's token directly (no walk): the same token as the root-only tree's sample-and-walk
     with the same coin, for greedy and sampled rows side by side."""
