@@ -923,9 +923,9 @@ class BatchedEngine:
             prog["tree"] = _root_tree(b, dev)
         else:
             head.append(self._draft_stage(b))
-            if self.use_graphs:  # a draft stage captured for another program: its output may hold scratch (on
-                # the CPU any floats, NaN too, build a well-formed tree; the replay spares the Triton build kernels
-                # arbitrary bits, and is the version that ran on the H200)
+            if self.use_graphs:  # a draft stage captured for another program: its output may hold scratch.
+                # Defensive: the replay keeps arbitrary bits from the Triton build kernels' warm-ups (the torch build
+                # makes a well-formed tree of any floats, NaN too)
                 self._refresh(head)
 
             def build() -> None:
