@@ -103,6 +103,11 @@ def speedup_tau_panel(tables: dict[str, pd.DataFrame]) -> Panel:
             ax.axhline(1.0, color="black", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_title(f"{metric} (ddtree lines; dflash dashed)")
+    # one legend for both plots, beside them: inside, it hid the lines it names
+    if axes[0].get_legend() is not None:
+        axes[0].get_legend().remove()
+    if axes[1].get_legend() is not None:
+        sns.move_legend(axes[1], "upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     panel.figure = fig
     return panel
