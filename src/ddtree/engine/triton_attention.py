@@ -219,11 +219,9 @@ def _launch(q, s_qb: int, s_qt: int, s_qh: int, h: int, keys, values, context_le
 if HAS_TRITON:
 
     @triton.jit
-    def _softmax_step(q_lo, q_hi, k_lo, k_hi, v, visible, m_i, l_i, acc, sm_scale, PRECISION: tl.constexpr):
-        """One key tile of the online softmax: scores (the head dim's two RoPE halves as two dots), the running
-        max / sum rescaled, P @ V accumulated."""
-        s = tl.dot(q_lo, k_lo, input_precision=PRECISION)
-        s = tl.dot(q_hi, k_hi, s, input_precision=PRECISION) * sm_scale  # [BLOCK_M, BLOCK_N] fp32
+    def _softmax_step(q, k, v, visible, m_i, l_i, acc, sm_scale, PRECISION: tl.constexpr):
+        """One key tile of the online softmax: scores, the running max / sum rescaled, P @ V accumulated."""
+        s = tl.dot(q, k, input_precision=PRECISION) * sm_scale  # [BLOCK_M, BLOCK_N] fp32
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at zero
@@ -235,25 +233,28 @@ if HAS_TRITON:
 
     @triton.jit
     def _norm_rope_tile(ptr, valid, w_ptr, pos, inv_freq_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr):
-        """Head rows at pointers ptr [R, 1] -> RMSNorm (fp32, rounded, times the weight, rounded) -> RoPE, rounded
-        to the input dtype; returns the two halves [R, D / 2] (the numerics of `_norm_rope_row`)."""
+        """Head rows at pointers ptr [R, 1] -> RMSNorm (fp32, rounded, times the weight, rounded) -> RoPE (halves
+        layout), rounded to the input dtype: [R, D], the numerics of `_norm_rope_row`. Each element's rotation
+        partner (the other half's element) is a second load of the same row, so no tile is split or joined."""
         half: tl.constexpr = D // 2
-        offs = tl.arange(0, half)
-        x1 = tl.load(ptr + offs[None, :], mask=valid[:, None], other=0.0)
-        x2 = tl.load(ptr + half + offs[None, :], mask=valid[:, None], other=0.0)
-        dtype = x1.dtype
-        a = x1.to(tl.float32)
-        c = x2.to(tl.float32)
+        offs = tl.arange(0, D)
+        partner = (offs + half) % D
+        x = tl.load(ptr + offs[None, :], mask=valid[:, None], other=0.0)
+        y = tl.load(ptr + partner[None, :], mask=valid[:, None], other=0.0)
+        dtype = x.dtype
+        a = x.to(tl.float32)
+        c = y.to(tl.float32)
         if HAS_NORM:
-            r = tl.rsqrt((tl.sum(a * a, axis=1) + tl.sum(c * c, axis=1)) / D + eps)[:, None]
-            w1 = tl.load(w_ptr + offs).to(tl.float32)[None, :]
-            w2 = tl.load(w_ptr + half + offs).to(tl.float32)[None, :]
-            a = ((a * r).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
-            c = ((c * r).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
-        angle = pos.to(tl.float32)[:, None] * tl.load(inv_freq_ptr + offs)[None, :]
+            r = tl.rsqrt(tl.sum(a * a, axis=1) / D + eps)[:, None]
+            a = ((a * r).to(dtype).to(tl.float32) * tl.load(w_ptr + offs).to(tl.float32)[None, :]).to(dtype)
+            c = ((c * r).to(dtype).to(tl.float32) * tl.load(w_ptr + partner).to(tl.float32)[None, :]).to(dtype)
+            a = a.to(tl.float32)
+            c = c.to(tl.float32)
+        angle = pos.to(tl.float32)[:, None] * tl.load(inv_freq_ptr + offs % half)[None, :]
         cos = tl.cos(angle).to(dtype).to(tl.float32)
         sin = tl.sin(angle).to(dtype).to(tl.float32)
-        return (a * cos - c * sin).to(dtype), (c * cos + a * sin).to(dtype)
+        sign = tl.where(offs < half, -1.0, 1.0)[None, :]  # first half: a cos - c sin; second: c cos + a sin
+        return (a * cos + sign * c * sin).to(dtype)
 
     @triton.jit
     def _tree_attention_splits(
@@ -271,11 +272,9 @@ if HAS_TRITON:
         kvh = pid % H_KV
         split = tl.program_id(2)
         rows = G * T
-        half: tl.constexpr = D // 2
         m0 = tl.program_id(1) * BLOCK_M
         offs_m = m0 + tl.arange(0, BLOCK_M)  # query row m = t * G + g
         offs_d = tl.arange(0, D)
-        offs_h = tl.arange(0, half)
         offs_n = tl.arange(0, BLOCK_N)
         m_valid = offs_m < rows
         tok = offs_m // G
@@ -284,11 +283,10 @@ if HAS_TRITON:
         k_own = Q + b * s_qb + (H_KV * G + kvh) * D  # FUSED: the own tokens' k and v heads in the projection
         v_own = Q + b * s_qb + (H_KV * G + H_KV + kvh) * D
         if FUSED:
-            q_lo, q_hi = _norm_rope_tile(q_rows, m_valid, QN, tl.load(POS + b * s_pb + tok, mask=m_valid, other=0),
-                                         INV_FREQ, eps, D, HAS_NORM)
+            q = _norm_rope_tile(q_rows, m_valid, QN, tl.load(POS + b * s_pb + tok, mask=m_valid, other=0), INV_FREQ,
+                                eps, D, HAS_NORM)
         else:
-            q_lo = tl.load(q_rows + offs_h[None, :], mask=m_valid[:, None], other=0.0)
-            q_hi = tl.load(q_rows + half + offs_h[None, :], mask=m_valid[:, None], other=0.0)
+            q = tl.load(q_rows + offs_d[None, :], mask=m_valid[:, None], other=0.0)
         ctx = tl.load(CTX + b)
         own = tl.load(OWN + b)
         k_base = K + b * s_kb + kvh * s_kh
@@ -297,12 +295,9 @@ if HAS_TRITON:
             if split == 0:  # the own tokens whose first query row is in this block: K/V into rows own + t
                 t_w = (m0 + G - 1) // G + tl.arange(0, BLOCK_M)
                 w_valid = (t_w * G < m0 + BLOCK_M) & (t_w < T)
-                w_lo, w_hi = _norm_rope_tile(k_own + t_w[:, None] * s_qt, w_valid, KN,
-                                             tl.load(POS + b * s_pb + t_w, mask=w_valid, other=0), INV_FREQ, eps, D,
-                                             HAS_NORM)
-                k_rows = k_base + (own + t_w)[:, None] * s_ks
-                tl.store(k_rows + offs_h[None, :], w_lo, mask=w_valid[:, None])
-                tl.store(k_rows + half + offs_h[None, :], w_hi, mask=w_valid[:, None])
+                k_new = _norm_rope_tile(k_own + t_w[:, None] * s_qt, w_valid, KN,
+                                        tl.load(POS + b * s_pb + t_w, mask=w_valid, other=0), INV_FREQ, eps, D, HAS_NORM)
+                tl.store(k_base + (own + t_w)[:, None] * s_ks + offs_d[None, :], k_new, mask=w_valid[:, None])
                 v_new = tl.load(v_own + t_w[:, None] * s_qt + offs_d[None, :], mask=w_valid[:, None], other=0.0)
                 tl.store(v_base + (own + t_w)[:, None] * s_vs + offs_d[None, :], v_new, mask=w_valid[:, None])
         # this split's share of the virtual key range (the context rows, then the own tokens), in whole tiles
@@ -317,31 +312,25 @@ if HAS_TRITON:
         for n0 in range(start, ctx_end, BLOCK_N):
             n = n0 + offs_n
             n_valid = n < ctx_end
-            k_cols = k_base + n[None, :] * s_ks
-            k_lo = tl.load(k_cols + offs_h[:, None], mask=n_valid[None, :], other=0.0)
-            k_hi = tl.load(k_cols + half + offs_h[:, None], mask=n_valid[None, :], other=0.0)
+            k = tl.load(k_base + n[None, :] * s_ks + offs_d[:, None], mask=n_valid[None, :], other=0.0)
             v = tl.load(v_base + n[:, None] * s_vs + offs_d[None, :], mask=n_valid[:, None], other=0.0)
-            m_i, l_i, acc = _softmax_step(q_lo, q_hi, k_lo, k_hi, v, n_valid[None, :], m_i, l_i, acc, sm_scale,
-                                          PRECISION)
+            m_i, l_i, acc = _softmax_step(q, k, v, n_valid[None, :], m_i, l_i, acc, sm_scale, PRECISION)
         # own tokens j in [max(start, ctx), end) - ctx, seen through the own-token mask
         own_end = end - ctx
         for j0 in range(tl.maximum(start, ctx) - ctx, own_end, BLOCK_N):
             j = j0 + offs_n
             j_valid = j < own_end
             if FUSED:
-                lo, hi = _norm_rope_tile(k_own + j[:, None] * s_qt, j_valid, KN,
-                                         tl.load(POS + b * s_pb + j, mask=j_valid, other=0), INV_FREQ, eps, D, HAS_NORM)
-                k_lo = tl.trans(lo)
-                k_hi = tl.trans(hi)
+                k = tl.trans(_norm_rope_tile(k_own + j[:, None] * s_qt, j_valid, KN,
+                                             tl.load(POS + b * s_pb + j, mask=j_valid, other=0), INV_FREQ, eps, D,
+                                             HAS_NORM))
                 v = tl.load(v_own + j[:, None] * s_qt + offs_d[None, :], mask=j_valid[:, None], other=0.0)
             else:  # rows own + j of the cache
-                k_cols = k_base + (own + j)[None, :] * s_ks
-                k_lo = tl.load(k_cols + offs_h[:, None], mask=j_valid[None, :], other=0.0)
-                k_hi = tl.load(k_cols + half + offs_h[:, None], mask=j_valid[None, :], other=0.0)
+                k = tl.load(k_base + (own + j)[None, :] * s_ks + offs_d[:, None], mask=j_valid[None, :], other=0.0)
                 v = tl.load(v_base + (own + j)[:, None] * s_vs + offs_d[None, :], mask=j_valid[:, None], other=0.0)
             seen = tl.load(MASK + b * s_mb + tok[:, None] * s_mi + j[None, :],
                            mask=m_valid[:, None] & j_valid[None, :], other=0)
-            m_i, l_i, acc = _softmax_step(q_lo, q_hi, k_lo, k_hi, v, seen != 0, m_i, l_i, acc, sm_scale, PRECISION)
+            m_i, l_i, acc = _softmax_step(q, k, v, seen != 0, m_i, l_i, acc, sm_scale, PRECISION)
         has = l_i > 0
         o = acc / tl.where(has, l_i, 1.0)[:, None]
         out_ptr = OUT + ((b * T + tok[:, None]) * (H_KV * G) + head[:, None]) * D + offs_d[None, :]
