@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ddtree.core.attention import ancestor_mask
-from ddtree.engine import fast_model, triton_attention
+from ddtree.engine import triton_attention
 from ddtree.engine.fast_model import Visibility, attention_bias, grouped_attention
 from ddtree.testing.interpreter import pytest_under_interpreter
 
@@ -251,51 +251,6 @@ def test_qkv_epilogue_equals_the_reference_projection(qk_norm, with_q):
     assert k1.abs().sum() > 0  # something was written
 
 
-@needs_kernel
-@pytest.mark.parametrize("qk_norm", [True, False])
-@pytest.mark.parametrize("launch", [None, (16, 16, 1, 4, 2), (32, 16, 3, 4, 1), (64, 32, 2, 4, 2)],
-                         ids=lambda x: "default" if x is None else "-".join(map(str, x)))
-@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[3], CASES[4], CASES[5]], ids=lambda c: f"{c[-1]}{c[1]}")
-def test_fused_attention_equals_epilogue_then_attention(case, launch, qk_norm):
-    """`fused_tree_attention` (epilogue + attention in one launch) == `qkv_epilogue` then `tree_attention`: the same
-    output, and the same K/V in the own tokens' cache rows, over decode, tree, prefill and block visibilities, direct
-    and split launches, with and without Qwen3's q/k norm; with write_own=False the cache is left as it was."""
-    b, t, h, kv, d, capacity, kind = case
-    _, keys, values, vis = _case_inputs(b, t, h, kv, d, capacity, kind)
-    gen = torch.Generator().manual_seed(5)
-    qkv = torch.randn((b, t, (h + 2 * kv) * d), generator=gen).to(DEVICE)
-    positions = (vis.own_start.unsqueeze(1) + torch.arange(t, device=DEVICE)).contiguous()
-    if kind == "tree":  # tree nodes repeat positions (start + depth)
-        positions = (vis.own_start.unsqueeze(1) + torch.arange(t, device=DEVICE) // 2).contiguous()
-    q_norm = (1 + 0.1 * torch.randn(d, generator=gen)).to(DEVICE) if qk_norm else None
-    k_norm = (1 + 0.1 * torch.randn(d, generator=gen)).to(DEVICE) if qk_norm else None
-    inv_freq = fast_model.rope_inv_freq(d, 1e4, DEVICE)
-    launch = triton_attention.Launch(*launch) if launch is not None else None
-    rows = vis.rows()
-    keys0, values0 = keys.clone(), values.clone()
-    q = triton_attention.qkv_epilogue(qkv, h, kv, d, positions, q_norm, k_norm, rows, keys0, values0, 1e-6, inv_freq)
-    want = triton_attention.tree_attention(q, keys0, values0, vis.context_len, vis.own_start, vis.own_mask, launch)
-    for write_own in (True, False):
-        keys1, values1 = keys.clone(), values.clone()
-        got = triton_attention.fused_tree_attention(qkv, positions, q_norm, k_norm, 1e-6, inv_freq, keys1, values1,
-                                                    vis.context_len, vis.own_start, vis.own_mask,
-                                                    write_own=write_own, launch=launch)
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-        if write_own:
-            torch.testing.assert_close(keys1, keys0, atol=1e-6, rtol=1e-6)
-            assert torch.equal(values1, values0)
-        else:
-            assert torch.equal(keys1, keys) and torch.equal(values1, values)
-
-
-def test_fused_attention_refuses_a_projection_of_the_wrong_width():
-    keys = torch.zeros((1, 2, 16, 16))
-    with pytest.raises(ValueError, match="does not hold"):
-        triton_attention.fused_tree_attention(torch.zeros((1, 3, 5 * 16 + 8)), torch.zeros((1, 3), dtype=torch.int64),
-                                              None, None, 1e-6, torch.ones(8), keys, keys, torch.zeros(1),
-                                              torch.zeros(1), torch.ones((1, 3, 3), dtype=torch.bool))
-
-
 def test_windowed_reference_equals_the_whole_capacity():
     """The CPU reference reads rows [0, span): same output as over the whole slot, whose rows past the span hold
     garbage (here: large random values) that nothing sees."""
@@ -307,7 +262,7 @@ def test_windowed_reference_equals_the_whole_capacity():
     vis = Visibility(context_len=torch.tensor([5, 17, 9]), own_start=torch.tensor([5, 17, 9]),
                      own_mask=ancestor_mask(parents))
     assert vis.span() == 23
-    qkv = torch.randn((b, t, (h + 2 * kv) * d), generator=gen)
+    q = torch.randn((b, t, h, d), generator=gen)
     keys, values = torch.randn((b, kv, s, d), generator=gen) * 50, torch.randn((b, kv, s, d), generator=gen) * 50
     positions = vis.rows()
     cpu = torch.device("cpu")
@@ -315,10 +270,9 @@ def test_windowed_reference_equals_the_whole_capacity():
     windowed = Attention("sdpa", h, kv, d, 10000.0, 1e-6, Pointwise.for_device(cpu), cpu)
     whole.windowed = False
     assert windowed.windowed
-    full_inputs, window_inputs = whole.prepare(vis, positions, s, qkv.dtype), windowed.prepare(vis, positions, s, qkv.dtype)
+    full_inputs, window_inputs = whole.prepare(vis, positions, s, q.dtype), windowed.prepare(vis, positions, s, q.dtype)
     assert (full_inputs.window, window_inputs.window) == (s, 23)
-    got = windowed.attend(qkv, window_inputs, None, None, keys.clone(), values.clone())
-    torch.testing.assert_close(got, whole.attend(qkv, full_inputs, None, None, keys.clone(), values.clone()))
+    torch.testing.assert_close(windowed(q, keys, values, window_inputs), whole(q, keys, values, full_inputs))
 
 
 @pytest.mark.skipif(ON_CUDA or INTERPRET or not triton_attention.HAS_TRITON,
@@ -326,5 +280,5 @@ def test_windowed_reference_equals_the_whole_capacity():
 def test_kernel_tests_under_the_interpreter():
     """CPU CI has no GPU: run this file's kernel tests in a child process under Triton's interpreter (which must be
     set before triton is imported), so a change to the kernel is checked against the reference on every CI run."""
-    done = pytest_under_interpreter(__file__, "kernel_equals or explicit_launch or ignores_rows or tickets or qkv_epilogue or fused_attention")
+    done = pytest_under_interpreter(__file__, "kernel_equals or explicit_launch or ignores_rows or tickets or qkv_epilogue")
     assert done.returncode == 0 and "44 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]

@@ -178,8 +178,7 @@ class AttentionInputs:
 
 class Attention:
     """The attention of one model, backend fixed at construction: `prepare` once per forward, then per layer
-    `attend` (q/k norm, RoPE, the own K/V into the cache, attention over the slot; one launch under triton).
-    `project` alone (q/k norm, RoPE, K/V into the cache) serves the drafter's context write and the reference."""
+    `project` (q/k norm, RoPE, K/V into the cache; returns q) and `__call__` (attention over the slot)."""
 
     def __init__(self, backend: str, num_heads: int, num_kv_heads: int, head_dim: int, theta: float, eps: float,
                  ops: "Pointwise", device: torch.device) -> None:
@@ -220,21 +219,15 @@ class Attention:
             return None
         return self.ops.norm_rope(q.view(b, t, hq, d), q_norm, inputs.cos, inputs.sin, self.eps)
 
-    def attend(self, qkv: torch.Tensor, inputs: AttentionInputs, q_norm: torch.Tensor | None,
-               k_norm: torch.Tensor | None, keys: torch.Tensor, values: torch.Tensor, *,
-               write_own: bool = True) -> torch.Tensor:
-        """qkv [B, T, (h + 2 h_kv) d] -> attention output [B, T, h * d], the own tokens' K/V written to their cache
-        rows (write_own=False may skip that: the drafter's block rows are read by nobody after its forward; the
-        reference writes them anyway, since it reads them back from the cache)."""
+    def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                 inputs: AttentionInputs) -> torch.Tensor:
         if self.backend == "sdpa":
-            q = self.project(qkv, inputs, q_norm, k_norm, keys, values)
             window = inputs.window
             return grouped_attention(q, keys[:, :, :window], values[:, :, :window], inputs.bias)
-        from ddtree.engine.triton_attention import fused_tree_attention
+        from ddtree.engine.triton_attention import tree_attention
 
         vis = inputs.vis
-        return fused_tree_attention(qkv, inputs.positions, q_norm, k_norm, self.eps, self.inv_freq, keys, values,
-                                    vis.context_len, vis.own_start, vis.own_mask, write_own=write_own)
+        return tree_attention(q, keys, values, vis.context_len, vis.own_start, vis.own_mask)
 
 
 def attention_bias(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
@@ -457,8 +450,8 @@ class FusedDecoder:
         for i, w in enumerate(self.layers):
             qkv = F.linear(y, w["qkv"], w.get("qkv_bias"))  # [B, T, (h + 2 h_kv) d]
             keys, values = cache.keys[i, slots], cache.values[i, slots]  # [B, h_kv, S, d] views
-            out = attn.attend(qkv, inputs, w.get("q_norm"), w.get("k_norm"), keys, values)  # [B, T, h * d]
-            x, y = ops.add_norm(x, F.linear(out, w["o"]), w["ln2"], s.rms_norm_eps)
+            q = attn.project(qkv, inputs, w.get("q_norm"), w.get("k_norm"), keys, values)  # [B, T, h, d]
+            x, y = ops.add_norm(x, F.linear(attn(q, keys, values, inputs), w["o"]), w["ln2"], s.rms_norm_eps)
             delta = F.linear(ops.silu_mul(F.linear(y, w["gate_up"])), w["down"])
             following = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.final_norm
             x, y = ops.add_norm(x, delta, following, s.rms_norm_eps)
@@ -566,8 +559,8 @@ class StaticDrafter:
         y = ops.norm(x, self.layers[0]["ln1"], eps)
         for i, w in enumerate(self.layers):
             keys, values = cache.keys[i, :b], cache.values[i, :b]
-            out = attn.attend(F.linear(y, w["qkv"]), inputs, w["q_norm"], w["k_norm"], keys, values, write_own=False)
-            x, y = ops.add_norm(x, F.linear(out, w["o"]), w["ln2"], eps)
+            q = attn.project(F.linear(y, w["qkv"]), inputs, w["q_norm"], w["k_norm"], keys, values)
+            x, y = ops.add_norm(x, F.linear(attn(q, keys, values, inputs), w["o"]), w["ln2"], eps)
             delta = F.linear(ops.silu_mul(F.linear(y, w["gate_up"])), w["down"])
             following = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.module.norm.weight
             x, y = ops.add_norm(x, delta, following, eps)

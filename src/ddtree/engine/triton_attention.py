@@ -131,52 +131,14 @@ def _split_counters(device: torch.device, tiles: int) -> torch.Tensor:
 
 def tree_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, context_len: torch.Tensor,
                    own_start: torch.Tensor, own_mask: torch.Tensor, launch: Launch | None = None) -> torch.Tensor:
-    """q [B, T, h, d] (already normed and rotated); keys / values [B, h_kv, S, d], the own tokens' K/V already
-    in rows own_start + t; context_len / own_start [B] int64; own_mask [B, T, T] bool (query token i sees own
-    token j); launch overrides `launch_shape` (benchmarks, tests). Returns [B, T, h * d] in q's dtype.
-
-    The engine calls `fused_tree_attention`, which also does the q/k/v projection's epilogue; this entry is the
-    same kernel over a prepared q (the launch sweep and the kernel's tests)."""
-    if q.stride(-1) != 1:
-        raise ValueError("tree_attention: the head dimension must be contiguous")
+    """q [B, T, h, d]; keys / values [B, h_kv, S, d]; context_len / own_start [B] int64; own_mask [B, T, T]
+    bool (query token i sees own token j); launch overrides `launch_shape` (benchmarks, tests). Returns
+    [B, T, h * d] in q's dtype."""
     b, t, h, d = q.shape
-    return _launch(q, q.stride(0), q.stride(1), q.stride(2), h, keys, values, context_len, own_start, own_mask,
-                   launch, fused=None)
-
-
-def fused_tree_attention(qkv: torch.Tensor, positions: torch.Tensor, q_norm: torch.Tensor | None,
-                         k_norm: torch.Tensor | None, eps: float, inv_freq: torch.Tensor, keys: torch.Tensor,
-                         values: torch.Tensor, context_len: torch.Tensor, own_start: torch.Tensor,
-                         own_mask: torch.Tensor, *, write_own: bool = True, launch: Launch | None = None) -> torch.Tensor:
-    """`qkv_epilogue` and `tree_attention` in one launch: q and the own tokens' k get their per-head RMSNorm (none
-    when the weights are None) and RoPE at `positions` while they are loaded from the projection's output, the own
-    tokens' K/V are read from it rather than from the cache, and (write_own) they are written to cache rows
-    own_start + t by the first key split of each query block. Under CUDA-graph replay a launch costs more than the
-    epilogue's work (issue 12: the verify forward is bound by its ~10 launches a layer).
-
-    qkv [B, T, (h + 2 h_kv) d] (d contiguous); positions [B, T] int64; keys / values [B, h_kv, S, d] slot views
-    whose context rows [0, context_len) hold K/V already; own_start >= context_len (the rows written are not read
-    by this launch). Same numerics as `qkv_epilogue` then `tree_attention`. Returns [B, T, h * d]."""
-    b, t, width = qkv.shape
-    kv, d = keys.shape[1], keys.shape[3]
-    h = width // d - 2 * kv
-    if qkv.stride(-1) != 1 or h < kv or width != (h + 2 * kv) * d:
-        raise ValueError(f"fused_tree_attention: qkv of width {width} (stride {qkv.stride(-1)}) does not hold "
-                         f"h + 2 x {kv} contiguous heads of {d}")
-    if positions.shape != (b, t) or positions.stride(-1) != 1:
-        raise ValueError(f"fused_tree_attention: positions must be a [{b}, {t}] tensor with contiguous rows")
-    fused = (positions, q_norm, k_norm, eps, inv_freq, write_own)
-    return _launch(qkv, qkv.stride(0), qkv.stride(1), d, h, keys, values, context_len, own_start, own_mask,
-                   launch, fused=fused)
-
-
-def _launch(q, s_qb: int, s_qt: int, s_qh: int, h: int, keys, values, context_len, own_start, own_mask,
-            launch: Launch | None, fused: tuple | None) -> torch.Tensor:
-    b, t = q.shape[0], q.shape[1]
-    kv, capacity, d = keys.shape[1], keys.shape[2], keys.shape[3]
+    kv, capacity = keys.shape[1], keys.shape[2]
     g = h // kv
     rows = g * t
-    if keys.stride(-1) != 1 or values.stride(-1) != 1:
+    if q.stride(-1) != 1 or keys.stride(-1) != 1 or values.stride(-1) != 1:
         raise ValueError("tree_attention: the head dimension must be contiguous")
     if d not in (16, 32, 64, 128, 256):
         raise ValueError(f"tree_attention: head_dim {d} is not a power of two in [16, 256]")
@@ -195,21 +157,14 @@ def _launch(q, s_qb: int, s_qt: int, s_qh: int, h: int, keys, values, context_le
         part = torch.empty((b, kv, splits, rows, d), device=q.device, dtype=torch.float32)
         lse = torch.empty((b, kv, splits, rows), device=q.device, dtype=torch.float32)
         counters = _split_counters(q.device, b * kv * m_blocks)
-    if fused is None:
-        positions, q_norm, k_norm, eps, inv_freq, write_own = out, None, None, 0.0, out, False
-    else:
-        positions, q_norm, k_norm, eps, inv_freq, write_own = fused
-    has_norm = k_norm is not None
     _tree_attention_splits[(b * kv, m_blocks, splits)](
         q, keys, values, context_len, own_start, mask, part, lse, counters, out,
-        positions, inv_freq, q_norm if q_norm is not None else q, k_norm if has_norm else q,
-        s_qb, s_qt, s_qh,
+        q.stride(0), q.stride(1), q.stride(2),
         keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
-        mask.stride(0), mask.stride(1), positions.stride(0) if fused is not None else 0,
-        t, kv, 1.0 / math.sqrt(d), eps,
+        mask.stride(0), mask.stride(1),
+        t, kv, 1.0 / math.sqrt(d),
         G=g, D=d, BLOCK_M=block_m, BLOCK_N=launch.block_n, SPLITS=splits, DIRECT=direct,
-        FUSED=fused is not None, HAS_NORM=has_norm and fused is not None, WRITE_OWN=bool(write_own),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=launch.num_warps,
         num_stages=launch.num_stages,
     )
@@ -232,78 +187,34 @@ if HAS_TRITON:
         return m_new, l_i, acc
 
     @triton.jit
-    def _norm_rope_tile(ptr, valid, w_ptr, pos, inv_freq_ptr, eps, D: tl.constexpr, HAS_NORM: tl.constexpr):
-        """Head rows at pointers ptr [R, 1] -> RMSNorm (fp32, rounded, times the weight, rounded) -> RoPE (halves
-        layout), rounded to the input dtype: [R, D], the numerics of `_norm_rope_row`. Each element's rotation
-        partner (the other half's element) is a second load of the same row, so no tile is split or joined."""
-        half: tl.constexpr = D // 2
-        offs = tl.arange(0, D)
-        partner = (offs + half) % D
-        x = tl.load(ptr + offs[None, :], mask=valid[:, None], other=0.0)
-        y = tl.load(ptr + partner[None, :], mask=valid[:, None], other=0.0)
-        dtype = x.dtype
-        a = x.to(tl.float32)
-        c = y.to(tl.float32)
-        if HAS_NORM:
-            r = tl.rsqrt(tl.sum(a * a, axis=1) / D + eps)[:, None]
-            a = ((a * r).to(dtype).to(tl.float32) * tl.load(w_ptr + offs).to(tl.float32)[None, :]).to(dtype)
-            c = ((c * r).to(dtype).to(tl.float32) * tl.load(w_ptr + partner).to(tl.float32)[None, :]).to(dtype)
-            a = a.to(tl.float32)
-            c = c.to(tl.float32)
-        angle = pos.to(tl.float32)[:, None] * tl.load(inv_freq_ptr + offs % half)[None, :]
-        cos = tl.cos(angle).to(dtype).to(tl.float32)
-        sin = tl.sin(angle).to(dtype).to(tl.float32)
-        sign = tl.where(offs < half, -1.0, 1.0)[None, :]  # first half: a cos - c sin; second: c cos + a sin
-        return (a * cos + sign * c * sin).to(dtype)
-
-    @triton.jit
     def _tree_attention_splits(
-        Q, K, V, CTX, OWN, MASK, PART, LSE, COUNT, OUT, POS, INV_FREQ, QN, KN,
-        s_qb, s_qt, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_mb, s_mi, s_pb,
-        T, H_KV, sm_scale, eps,
+        Q, K, V, CTX, OWN, MASK, PART, LSE, COUNT, OUT,
+        s_qb, s_qt, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_mb, s_mi,
+        T, H_KV, sm_scale,
         G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        SPLITS: tl.constexpr, DIRECT: tl.constexpr, FUSED: tl.constexpr, HAS_NORM: tl.constexpr,
-        WRITE_OWN: tl.constexpr, PRECISION: tl.constexpr,
+        SPLITS: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
     ):
-        # FUSED: Q is the q/k/v projection's output [B, T, (h + 2 h_kv) D]: q and the own tokens' k are normed and
-        # rotated as they load, and the own tokens' K/V come from it (not from the cache)
         pid = tl.program_id(0)
         b = pid // H_KV
         kvh = pid % H_KV
         split = tl.program_id(2)
         rows = G * T
-        m0 = tl.program_id(1) * BLOCK_M
-        offs_m = m0 + tl.arange(0, BLOCK_M)  # query row m = t * G + g
+        offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # query row m = t * G + g
         offs_d = tl.arange(0, D)
         offs_n = tl.arange(0, BLOCK_N)
         m_valid = offs_m < rows
         tok = offs_m // G
         head = kvh * G + offs_m % G
-        q_rows = Q + b * s_qb + tok[:, None] * s_qt + head[:, None] * s_qh
-        k_own = Q + b * s_qb + (H_KV * G + kvh) * D  # FUSED: the own tokens' k and v heads in the projection
-        v_own = Q + b * s_qb + (H_KV * G + H_KV + kvh) * D
-        if FUSED:
-            q = _norm_rope_tile(q_rows, m_valid, QN, tl.load(POS + b * s_pb + tok, mask=m_valid, other=0), INV_FREQ,
-                                eps, D, HAS_NORM)
-        else:
-            q = tl.load(q_rows + offs_d[None, :], mask=m_valid[:, None], other=0.0)
+        q = tl.load(Q + b * s_qb + tok[:, None] * s_qt + head[:, None] * s_qh + offs_d[None, :],
+                    mask=m_valid[:, None], other=0.0)
         ctx = tl.load(CTX + b)
         own = tl.load(OWN + b)
-        k_base = K + b * s_kb + kvh * s_kh
-        v_base = V + b * s_vb + kvh * s_vh
-        if WRITE_OWN:
-            if split == 0:  # the own tokens whose first query row is in this block: K/V into rows own + t
-                t_w = (m0 + G - 1) // G + tl.arange(0, BLOCK_M)
-                w_valid = (t_w * G < m0 + BLOCK_M) & (t_w < T)
-                k_new = _norm_rope_tile(k_own + t_w[:, None] * s_qt, w_valid, KN,
-                                        tl.load(POS + b * s_pb + t_w, mask=w_valid, other=0), INV_FREQ, eps, D, HAS_NORM)
-                tl.store(k_base + (own + t_w)[:, None] * s_ks + offs_d[None, :], k_new, mask=w_valid[:, None])
-                v_new = tl.load(v_own + t_w[:, None] * s_qt + offs_d[None, :], mask=w_valid[:, None], other=0.0)
-                tl.store(v_base + (own + t_w)[:, None] * s_vs + offs_d[None, :], v_new, mask=w_valid[:, None])
         # this split's share of the virtual key range (the context rows, then the own tokens), in whole tiles
         chunk = tl.cdiv(tl.cdiv(ctx + T, SPLITS), BLOCK_N) * BLOCK_N
         start = split * chunk
         end = tl.minimum(start + chunk, ctx + T)
+        k_base = K + b * s_kb + kvh * s_kh
+        v_base = V + b * s_vb + kvh * s_vh
         m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
@@ -315,19 +226,13 @@ if HAS_TRITON:
             k = tl.load(k_base + n[None, :] * s_ks + offs_d[:, None], mask=n_valid[None, :], other=0.0)
             v = tl.load(v_base + n[:, None] * s_vs + offs_d[None, :], mask=n_valid[:, None], other=0.0)
             m_i, l_i, acc = _softmax_step(q, k, v, n_valid[None, :], m_i, l_i, acc, sm_scale, PRECISION)
-        # own tokens j in [max(start, ctx), end) - ctx, seen through the own-token mask
+        # own tokens j in [max(start, ctx), end) - ctx, at rows own + j, seen through the own-token mask
         own_end = end - ctx
         for j0 in range(tl.maximum(start, ctx) - ctx, own_end, BLOCK_N):
             j = j0 + offs_n
             j_valid = j < own_end
-            if FUSED:
-                k = tl.trans(_norm_rope_tile(k_own + j[:, None] * s_qt, j_valid, KN,
-                                             tl.load(POS + b * s_pb + j, mask=j_valid, other=0), INV_FREQ, eps, D,
-                                             HAS_NORM))
-                v = tl.load(v_own + j[:, None] * s_qt + offs_d[None, :], mask=j_valid[:, None], other=0.0)
-            else:  # rows own + j of the cache
-                k = tl.load(k_base + (own + j)[None, :] * s_ks + offs_d[:, None], mask=j_valid[None, :], other=0.0)
-                v = tl.load(v_base + (own + j)[:, None] * s_vs + offs_d[None, :], mask=j_valid[:, None], other=0.0)
+            k = tl.load(k_base + (own + j)[None, :] * s_ks + offs_d[:, None], mask=j_valid[None, :], other=0.0)
+            v = tl.load(v_base + (own + j)[:, None] * s_vs + offs_d[None, :], mask=j_valid[:, None], other=0.0)
             seen = tl.load(MASK + b * s_mb + tok[:, None] * s_mi + j[None, :],
                            mask=m_valid[:, None] & j_valid[None, :], other=0)
             m_i, l_i, acc = _softmax_step(q, k, v, seen != 0, m_i, l_i, acc, sm_scale, PRECISION)
