@@ -51,14 +51,25 @@ def variant(temperature: float) -> dict[str, Any]:
             "top_k": -1, "top_p": 1.0}
 
 
-def engine_loop(url: str) -> dict[str, float] | None:
-    """The server's cumulative decoding-loop seconds by phase (`/server_info`'s `engine_loop`), or None."""
+def server_counters(url: str) -> dict[str, Any]:
+    """The server's cumulative counters (`/server_info`): `engine_loop`, the decoding loop's seconds by phase, and
+    `request_timeline`, finished requests' seconds by phase; each None when the server does not report it."""
     import httpx
 
     try:
-        return httpx.get(f"{url.rstrip('/')}/server_info", timeout=10.0).json().get("engine_loop")
+        info = httpx.get(f"{url.rstrip('/')}/server_info", timeout=10.0).json()
     except (httpx.HTTPError, ValueError):
+        return {"engine_loop": None, "request_timeline": None}
+    return {"engine_loop": info.get("engine_loop"), "request_timeline": info.get("request_timeline")}
+
+
+def request_phases(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+    """Per finished request over a span (two `request_timeline` snapshots): ms waiting for a row, in the engine,
+    and handed back to the event loop."""
+    if not before or not after or after["requests"] <= before["requests"]:
         return None
+    n = after["requests"] - before["requests"]
+    return {f"{k}_ms": 1e3 * (after[f"{k}_s"] - before[f"{k}_s"]) / n for k in ("queue", "engine", "handoff")}
 
 
 def loop_per_round(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
@@ -137,7 +148,7 @@ class Sweep:
         a, t = self.args, time.perf_counter()
         batches: list[tuple[int, float]] = []
         summary: dict[str, Any] = {}
-        loop_before = engine_loop(url)  # covers the probes too: the same traffic, only shorter
+        counters_before = server_counters(url)  # covers the probes too: the same traffic, only shorter
         while n := next_batch(level, batches, min_requests=a.min_requests, min_seconds=a.min_seconds,
                               max_requests=a.max_requests, seconds_left=self.seconds_left()):
             done = sum(b for b, _ in batches)
@@ -148,13 +159,16 @@ class Sweep:
             summary = {**result["levels"][level], "first_request_index": done}
             batches.append((summary["requests"], summary["duration_s"]))
         seconds = time.perf_counter() - t
-        loop = loop_per_round(loop_before, engine_loop(url))
+        counters = server_counters(url)
+        loop = loop_per_round(counters_before["engine_loop"], counters["engine_loop"])
+        phases = request_phases(counters_before["request_timeline"], counters["request_timeline"])
         self.level_estimate_s = max(seconds, MARGIN * a.min_seconds)
         return {**tags, "concurrency": level, **{k: summary.get(k) for k in (
             "requests", "errors", "output_tokens", "duration_s", "output_tokens_per_s", "mean_tpot", "mean_ttft",
             "e2e_p50", "e2e_p90", "first_request_index")},
             "short": (summary.get("duration_s") or 0) < a.min_seconds, "batches": batches,
-            "level_requests": sum(n for n, _ in batches), "level_seconds": seconds, "loop": loop}
+            "level_requests": sum(n for n, _ in batches), "level_seconds": seconds, "loop": loop,
+            "request_phases": phases}
 
     def start_server(self, method: str, budgets: list[int | None]) -> Any:
         """Start one method's server and wait for it; None when it did not come up (recorded in `servers`)."""
@@ -320,6 +334,20 @@ def report(rows: list[dict[str, Any]], servers: dict[str, dict[str, Any]], plan:
             lines.append(f"{r['method']:<7} {r['budget'] or '-':>6} {r['temperature']:>4g} {r['concurrency']:>5} "
                          + " ".join(f"{lp[k + '_ms']:>7.3f}" for k in ("launch", "wait", "post", "admit", "idle"))
                          + f" {lp['rows']:>5.2f} {lp['admissions']:>7.2f}")
+    phased = [r for r in rows if r.get("request_phases")]
+    if phased:
+        lines += ["", "a request's time, ms (server phases over the whole level; the client's cycle, concurrency x "
+                  "seconds / requests, and the median end-to-end latency over the reported batch): waiting for a "
+                  "row, in the engine, handed back to the event loop; the cycle less the three is HTTP and the "
+                  "client", f"{'method':<7} {'budget':>6} {'T':>4} {'conc':>5} {'queue':>7} {'engine':>7} "
+                  f"{'handoff':>7} {'cycle':>7} {'e2e p50':>7}"]
+        for r in phased:
+            ph = r["request_phases"]
+            cycle = 1e3 * r["concurrency"] * r["duration_s"] / r["requests"] if r.get("requests") else math.nan
+            e2e = 1e3 * r["e2e_p50"] if r.get("e2e_p50") is not None else math.nan
+            lines.append(f"{r['method']:<7} {r['budget'] or '-':>6} {r['temperature']:>4g} {r['concurrency']:>5} "
+                         + " ".join(f"{ph[k + '_ms']:>7.3f}" for k in ("queue", "engine", "handoff"))
+                         + f" {cycle:>7.3f} {e2e:>7.3f}")
     if stopped:
         lines += ["", f"stopped early ({stopped}); cells marked {MISSING} were not measured"]
     return "\n".join(lines)

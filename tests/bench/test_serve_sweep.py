@@ -106,3 +106,18 @@ def test_loop_per_round_turns_two_snapshots_into_ms_per_round(sweep: ModuleType)
     assert got == pytest.approx({"launch_ms": 0.1, "wait_ms": 1.0, "post_ms": 0.5, "admit_ms": 0.5, "idle_ms": 0.0,
                                  "rows": 8.0, "admissions": 0.5})
     assert sweep.loop_per_round(after, after) is None and sweep.loop_per_round(None, after) is None
+
+
+def test_request_phases_and_their_table(sweep: ModuleType) -> None:
+    before = {"requests": 10, "queue_s": 0.01, "engine_s": 0.2, "handoff_s": 0.005}
+    after = {"requests": 110, "queue_s": 0.11, "engine_s": 2.2, "handoff_s": 0.105}
+    phases = sweep.request_phases(before, after)
+    assert phases == pytest.approx({"queue_ms": 1.0, "engine_ms": 20.0, "handoff_ms": 1.0})
+    assert sweep.request_phases(after, after) is None and sweep.request_phases(None, after) is None
+    plan = {"methods": ["ddtree"], "budgets": [32], "temperatures": [0.0], "levels": [8]}
+    row = {"method": "ddtree", "budget": 32, "temperature": 0.0, "concurrency": 8, "requests": 400, "errors": 0,
+           "duration_s": 1.0, "mean_tpot": 0.001, "e2e_p50": 0.0185, "output_tokens_per_s": 5e4,
+           "level_requests": 416, "level_seconds": 1.2, "short": False, "request_phases": phases}
+    lines = sweep.report([row], {"ddtree": {"startup_s": 20.0}}, plan, None).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("a request's time"))
+    assert lines[at + 2].split() == ["ddtree", "32", "0", "8", "1.000", "20.000", "1.000", "20.000", "18.500"]

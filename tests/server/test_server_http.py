@@ -155,6 +155,13 @@ def test_server_info_and_model_info(server: ServerProcess, tiny_pair: Path) -> N
     loop = info["engine_loop"]  # the batch scheduler's cumulative phases
     assert loop["rounds"] > 0 and loop["admissions"] >= info["internal_states"][0]["finished_requests"]
     assert loop["wait_s"] > 0 and loop["idle_s"] > 0  # idle between the tests' requests
+    # finished non-streaming requests by phase: a row, the engine, the hand-off back to the event loop
+    timeline = info["request_timeline"]
+    assert timeline["requests"] >= 1 and timeline["engine_s"] > 0
+    assert timeline["queue_s"] >= 0 and timeline["handoff_s"] >= 0
+    post(server.url, "/generate", {"text": "def f", "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
+    after = httpx.get(f"{server.url}/server_info", trust_env=False).json()["request_timeline"]
+    assert after["requests"] == timeline["requests"] + 1 and after["engine_s"] > timeline["engine_s"]
     model = httpx.get(f"{server.url}/get_model_info", trust_env=False).json()
     assert model["is_generation"] is True and model["model_path"] == str(tiny_pair)
     assert httpx.get(f"{server.url}/health_generate", timeout=60, trust_env=False).status_code == 200

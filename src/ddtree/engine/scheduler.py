@@ -35,6 +35,7 @@ class Job:
     future: Future
     submitted_at: float
     started_at: float | None = None  # when decoding of this request began (prefill), perf_counter seconds
+    finished_at: float | None = None  # when the engine handed its result back (decoding thread), perf_counter seconds
 
 
 class _Scheduler:
@@ -81,10 +82,12 @@ class SerialScheduler(_Scheduler):
                 continue
             job.started_at = time.perf_counter()
             try:
-                job.future.set_result(self.engine.generate(job.request, method=job.method, budget=job.budget,
-                                                           on_tokens=job.on_tokens))
+                output = self.engine.generate(job.request, method=job.method, budget=job.budget, on_tokens=job.on_tokens)
             except BaseException as exc:  # handed to the waiting request
                 job.future.set_exception(exc)
+                continue
+            job.finished_at = time.perf_counter()
+            job.future.set_result(output)
 
 
 class BatchScheduler(_Scheduler):
@@ -179,6 +182,7 @@ class BatchScheduler(_Scheduler):
 
 
 def _settle(job: Job, entry) -> None:
+    job.finished_at = time.perf_counter()
     if entry.error is not None:
         job.future.set_exception(entry.error)
     else:

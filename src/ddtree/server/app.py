@@ -60,6 +60,28 @@ class EngineLike(Protocol):
 
 
 @dataclass
+class RequestTimeline:
+    """Where finished non-streaming samples spent their time in the server, cumulative seconds (`/server_info`'s
+    `request_timeline`; a benchmark differences two snapshots): waiting for a batch row (arrival to admission),
+    in the engine (admission to its result: prefill, rounds, the round in flight when it ended), and the hand-off
+    back to the event loop (the decoding thread's result to the handler resuming: the loop's and the GIL's
+    latency). A client's cycle less their sum is the HTTP round trip and the client's own time."""
+
+    requests: int = 0
+    queue_s: float = 0.0
+    engine_s: float = 0.0
+    handoff_s: float = 0.0
+
+    def add(self, job: Any, arrival: float, resumed: float) -> None:
+        if job.started_at is None or job.finished_at is None:
+            return
+        self.requests += 1
+        self.queue_s += job.started_at - arrival
+        self.engine_s += job.finished_at - job.started_at
+        self.handoff_s += resumed - job.finished_at
+
+
+@dataclass
 class ServerState:
     engine: EngineLike
     tokenizer: TokenizerLike
@@ -74,6 +96,7 @@ class ServerState:
     created: int  # when the model was loaded (unix seconds), for /v1/models
     accept_length_sum: float = 0.0  # over finished speculative requests, for avg_spec_accept_length
     finished: int = 0
+    timeline: RequestTimeline = field(default_factory=RequestTimeline)
     extra_info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -216,6 +239,7 @@ async def run_all(state: ServerState, parsed: ParsedGenerate) -> list[tuple[Gene
         except Exception as exc:
             errors.append(exc)
             continue
+        state.timeline.add(gen.job, gen.arrival, time.perf_counter())
         results.append((output, *gen.timings()))
     if errors:
         raise as_http_error(errors[0])
@@ -398,6 +422,7 @@ def create_app(
             "internal_states": [{"avg_spec_accept_length": avg, "finished_requests": state.finished}],
             # cumulative seconds of the decoding loop by phase (`ddtree.engine.batched.LoopStats`), or None
             "engine_loop": loop_stats() if (loop_stats := getattr(state.worker, "loop_stats", None)) else None,
+            "request_timeline": dataclasses.asdict(state.timeline),  # cumulative seconds by phase (RequestTimeline)
             **state.extra_info,
         }
 
