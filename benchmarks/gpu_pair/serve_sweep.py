@@ -338,9 +338,10 @@ def report(rows: list[dict[str, Any]], servers: dict[str, dict[str, Any]], plan:
     if phased:
         lines += ["", "a request's time, ms (server phases over the whole level; the client's cycle, concurrency x "
                   "seconds / requests, and the median end-to-end latency over the reported batch): waiting for a "
-                  "row, in the engine, handed back to the event loop; the cycle less the three is HTTP and the "
-                  "client", f"{'method':<7} {'budget':>6} {'T':>4} {'conc':>5} {'queue':>7} {'engine':>7} "
-                  f"{'handoff':>7} {'cycle':>7} {'e2e p50':>7}"]
+                  "row, in the engine, handed back to the event loop; the cycle less the three is HTTP, parsing, the "
+                  "response and the client",
+                  f"{'method':<7} {'budget':>6} {'T':>4} {'conc':>5} {'queue':>7} {'engine':>7} {'handoff':>7} "
+                  f"{'cycle':>7} {'e2e p50':>7}"]
         for r in phased:
             ph = r["request_phases"]
             cycle = 1e3 * r["concurrency"] * r["duration_s"] / r["requests"] if r.get("requests") else math.nan

@@ -65,7 +65,8 @@ class RequestTimeline:
     `request_timeline`; a benchmark differences two snapshots): waiting for a batch row (arrival to admission),
     in the engine (admission to its result: prefill, rounds, the round in flight when it ended), and the hand-off
     back to the event loop (the decoding thread's result to the handler resuming: the loop's and the GIL's
-    latency). A client's cycle less their sum is the HTTP round trip and the client's own time."""
+    latency). A client's cycle less their sum is the rest: HTTP both ways, parsing the request and writing the
+    response, and the client's own time."""
 
     requests: int = 0
     queue_s: float = 0.0
