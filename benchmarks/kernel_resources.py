@@ -1,7 +1,7 @@
 """What the tree-attention kernel costs the GPU before it runs: registers, spills, stack, shared memory and whether
 its key loops are software-pipelined (async copies), per launch, compiled for sm_90 on any host (no GPU: Triton's
 own ptxas). A kernel change can be checked here before device time is spent on it: in session 15 a fused epilogue
-variant doubled the registers (128 -> 243-255) and spilled at the tree launch, and ran 4-7x slower on the H200.
+variant needed 230-255 registers against 128 and spilled at the tree launch, and took 6-10x longer a call on the H200.
 
     PYTHONPATH=src python benchmarks/kernel_resources.py --widths 1,17,65,129 --batch-sizes 1,8
     PYTHONPATH=src python benchmarks/kernel_resources.py --heads 32 --kv-heads 4 --head-dim 128   # another shape

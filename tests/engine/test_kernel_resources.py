@@ -1,7 +1,7 @@
 """benchmarks/kernel_resources.py: the tree-attention kernel's default launches compile for sm_90 on this host
 (Triton's own ptxas, no GPU) with their key loops pipelined and nothing spilled. A change that blows up the
-kernel's registers (session 15's fused epilogue: 128 -> 255 registers and spills at the tree launch, 4-7x slower
-on the H200) fails here before any device time is spent."""
+kernel's registers (session 15's fused epilogue: 230-255 registers against 128, spills at the tree launch, 6-10x
+slower a call on the H200) fails here before any device time is spent."""
 
 from __future__ import annotations
 
