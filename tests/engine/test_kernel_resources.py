@@ -34,6 +34,9 @@ def test_default_launches_are_pipelined_and_spill_nothing(width):
     heads, kv, d, capacity = 32, 8, 128, 1488
     launch = triton_attention.launch_rule(1, kv, heads // kv * width, capacity, 132, d)
     r = module.resources(width, heads, kv, d, capacity, launch)
-    assert 0 < r["registers"] <= 255 and r["shared"] > 0
+    # 128 registers a thread (4 warps: four programs an SM by registers) is what the H200-measured kernel needs at
+    # these launches with Triton 3.8; the fused variant that ran 6-10x slower needed 230-255. A change that needs
+    # more is measured on the GPU first, then this bound moves with the evidence.
+    assert 0 < r["registers"] <= 128 and r["shared"] > 0
     assert r["spill_stores"] == 0 and r["spill_loads"] == 0
     assert r["async_copies"] > 0  # the key loops' loads are software-pipelined
