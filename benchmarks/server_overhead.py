@@ -129,6 +129,7 @@ def measure(args: argparse.Namespace) -> int:
 
     from ddtree.bench.session import free_port
     from ddtree.bench.throughput import run_throughput
+    from ddtree.server.app import RequestTimeline
 
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--round-ms", str(args.round_ms),
@@ -147,9 +148,9 @@ def measure(args: argparse.Namespace) -> int:
             prompts.write_text("".join(json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n" * 8}) + "\n"
                                        for i in range(64)))
             rounds = math.ceil((args.max_new_tokens - 1) / args.tau)
-            round_ms, admit_ms = slept_ms(args.round_ms), slept_ms(args.admit_ms)  # what a sleep really takes
-            round_ms += args.host_ms
-            print(f"stub engine: {args.round_ms} ms a round ({round_ms - args.host_ms:.3f} slept) after {args.host_ms} ms "
+            slept, admit_ms = slept_ms(args.round_ms), slept_ms(args.admit_ms)  # what a sleep really takes
+            round_ms = args.host_ms + slept
+            print(f"stub engine: {args.round_ms} ms a round ({slept:.3f} slept) after {args.host_ms} ms "
                   f"of Python holding the GIL, {args.admit_ms} ms an admission ({admit_ms:.3f} slept), tau {args.tau}, "
                   f"{rounds} rounds a request of {args.max_new_tokens} tokens, batch {args.max_batch}")
             print(f"{'conc':>5} {'requests':>8} {'tok/s':>9} {'engine-bound tok/s':>18} {'efficiency':>10} "
@@ -165,8 +166,8 @@ def measure(args: argparse.Namespace) -> int:
                     after = httpx.get(url + "/server_info", timeout=10).json()["request_timeline"]
                     if not repeat:
                         continue
-                    n = max(after["requests"] - before["requests"], 1)
-                    phases = " ".join(f"{1e3 * (after[k] - before[k]) / n:7.3f}" for k in ("queue_s", "engine_s", "handoff_s"))
+                    per_request = RequestTimeline.per_request_ms(before, after) or {}
+                    phases = " ".join(f"{per_request.get(k + '_ms', math.nan):7.3f}" for k in ("queue", "engine", "handoff"))
                     tokens = args.requests * args.max_new_tokens
                     rows = min(level, args.max_batch)
                     # the engine's time alone: every admission, then the rounds with `rows` requests each

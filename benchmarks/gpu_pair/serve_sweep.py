@@ -66,10 +66,9 @@ def server_counters(url: str) -> dict[str, Any]:
 def request_phases(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
     """Per finished request over a span (two `request_timeline` snapshots): ms waiting for a row, in the engine,
     and handed back to the event loop."""
-    if not before or not after or after["requests"] <= before["requests"]:
-        return None
-    n = after["requests"] - before["requests"]
-    return {f"{k}_ms": 1e3 * (after[f"{k}_s"] - before[f"{k}_s"]) / n for k in ("queue", "engine", "handoff")}
+    from ddtree.server.app import RequestTimeline
+
+    return RequestTimeline.per_request_ms(before, after)
 
 
 def loop_per_round(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:

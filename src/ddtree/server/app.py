@@ -81,6 +81,15 @@ class RequestTimeline:
         self.engine_s += job.finished_at - job.started_at
         self.handoff_s += resumed - job.finished_at
 
+    @staticmethod
+    def per_request_ms(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+        """Mean ms a finished request spent in each phase between two `/server_info` snapshots of the timeline
+        (None when a snapshot is missing or no request finished in between)."""
+        if not before or not after or after["requests"] <= before["requests"]:
+            return None
+        n = after["requests"] - before["requests"]
+        return {f"{k}_ms": 1e3 * (after[f"{k}_s"] - before[f"{k}_s"]) / n for k in ("queue", "engine", "handoff")}
+
 
 @dataclass
 class ServerState:
