@@ -20,89 +20,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+import functools
 from pathlib import Path
-from typing import Any
 
-from ddtree.engine.types import STAGES, GenerationOutput, GenerationRequest
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as token ids (the server needs encode / decode / len / eos)."""
-
-    eos_token_id = None
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode())
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return bytes(i % 256 for i in ids).decode(errors="replace")
-
-    def __len__(self) -> int:
-        return 256
-
-
-@dataclass
-class _Row:
-    request: GenerationRequest
-    on_tokens: Any
-    ids: list[int] = field(default_factory=list)
-    rounds: int = 0
-    t0: float = field(default_factory=time.perf_counter)
-    output: GenerationOutput | None = None
-    error: BaseException | None = None
-
-
-class StubEngine:
-    """`BatchedEngine`'s batch interface (can_admit / admit / step / cancel_all) with sleeps for the device work."""
-
-    max_context = 4096
-    vocab_size = 256
-    drafter = "stub"
-
-    def __init__(self, round_s: float, admit_s: float, tau: int, max_batch: int, host_s: float = 0.0) -> None:
-        self.round_s, self.admit_s, self.tau, self.max_batch = round_s, admit_s, tau, max_batch
-        self.host_s = host_s  # Python work a round does holding the GIL (the real loop's enqueue and bookkeeping)
-        self.method, self.budget = "ddtree", 32
-        self.active: list[_Row] = []
-
-    def can_admit(self, method: str, budget: int) -> bool:
-        return len(self.active) < self.max_batch
-
-    def admit(self, request: GenerationRequest, *, method: str, budget: int, on_tokens=None) -> _Row:
-        time.sleep(self.admit_s)
-        row = _Row(request, on_tokens)
-        self.active.append(row)
-        self._emit(row, [65])
-        return row
-
-    def step(self) -> list[_Row]:
-        until = time.perf_counter() + self.host_s
-        while time.perf_counter() < until:  # busy, holding the GIL, as the real loop's host work does
-            pass
-        time.sleep(self.round_s)
-        for row in self.active:
-            row.rounds += 1
-            self._emit(row, [66] * self.tau)
-        finished = [row for row in self.active if row.output is not None]
-        self.active = [row for row in self.active if row.output is None]
-        return finished
-
-    def cancel_all(self, error: BaseException) -> list[_Row]:
-        dropped, self.active = self.active, []
-        return dropped
-
-    def _emit(self, row: _Row, ids: list[int]) -> None:
-        ids = ids[: row.request.max_new_tokens - len(row.ids)]
-        row.ids.extend(ids)
-        if row.on_tokens is not None and ids:
-            row.on_tokens(ids)
-        if len(row.ids) >= row.request.max_new_tokens:
-            now = time.perf_counter()
-            row.output = GenerationOutput(
-                output_ids=row.ids, finish_reason="length", rounds=row.rounds, accept_lens=[self.tau - 1] * row.rounds,
-                expected_accept_lens=[float(self.tau - 1)] * row.rounds, stage_times=dict.fromkeys(STAGES, 0.0),
-                ttft=0.0, decode_time=now - row.t0, method="ddtree", budget=32)
+from ddtree.testing.stub_engine import ByteTokenizer, StubEngine
 
 
 def slept_ms(ms: float, samples: int = 200) -> float:
@@ -117,8 +38,12 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ddtree.server.app import create_app
+    from ddtree.server.engine_process import EngineProcess
 
-    engine = StubEngine(args.round_ms / 1e3, args.admit_ms / 1e3, args.tau, args.max_batch, args.host_ms / 1e3)
+    factory = functools.partial(StubEngine, args.round_ms / 1e3, args.admit_ms / 1e3, args.tau, args.max_batch,
+                                args.host_ms / 1e3)
+    # the engine decodes in a process of its own, as `ddtree serve`'s does, unless asked to share the server's
+    engine = factory() if args.engine_in_process else EngineProcess(factory, log_level="WARNING")
     app = create_app(engine, ByteTokenizer(), method="ddtree", budget=32, model_name="stub")
     uvicorn.run(app, host="127.0.0.1", port=args.serve, log_level="warning")
     return 0
@@ -134,7 +59,7 @@ def measure(args: argparse.Namespace) -> int:
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--round-ms", str(args.round_ms),
                                "--admit-ms", str(args.admit_ms), "--tau", str(args.tau), "--host-ms", str(args.host_ms),
-                               "--max-batch", str(args.max_batch)])
+                               "--max-batch", str(args.max_batch)] + ["--engine-in-process"] * args.engine_in_process)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -150,7 +75,8 @@ def measure(args: argparse.Namespace) -> int:
             rounds = math.ceil((args.max_new_tokens - 1) / args.tau)
             slept, admit_ms = slept_ms(args.round_ms), slept_ms(args.admit_ms)  # what a sleep really takes
             round_ms = args.host_ms + slept
-            print(f"stub engine: {args.round_ms} ms a round ({slept:.3f} slept) after {args.host_ms} ms "
+            where = "in the server's process" if args.engine_in_process else "in its own process"
+            print(f"stub engine {where}: {args.round_ms} ms a round ({slept:.3f} slept) after {args.host_ms} ms "
                   f"of Python holding the GIL, {args.admit_ms} ms an admission ({admit_ms:.3f} slept), tau {args.tau}, "
                   f"{rounds} rounds a request of {args.max_new_tokens} tokens, batch {args.max_batch}")
             print(f"{'conc':>5} {'requests':>8} {'tok/s':>9} {'engine-bound tok/s':>18} {'efficiency':>10} "
@@ -191,6 +117,9 @@ def main() -> int:
     ap.add_argument("--host-ms", type=float, default=0.0, help="Python work a round does before its sleep, holding "
                     "the GIL (the real loop enqueues and keeps its books ~0.4 ms a round at 8 requests on the H200)")
     ap.add_argument("--tau", type=int, default=7)
+    ap.add_argument("--engine-in-process", action="store_true",
+                    help="decode in the server's process (a thread beside the event loop, sharing its GIL), as the "
+                         "server did before its engine got a process of its own")
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--concurrency", default="1,8")

@@ -31,7 +31,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -58,7 +58,7 @@ from ddtree.engine.checks import check_budget, check_method, check_request_field
 from ddtree.engine.fast_model import FusedDecoder, StaticDrafter, Visibility, family_of, round_up
 from ddtree.engine.rng import column_keys, keyed_uniforms, request_keys
 from ddtree.engine.stopping import StopState, append_tokens
-from ddtree.engine.types import STAGES, GenerationOutput, GenerationRequest
+from ddtree.engine.types import STAGES, GenerationOutput, GenerationRequest, LoopStats
 
 log = logging.getLogger("ddtree.engine")
 
@@ -135,27 +135,6 @@ class _Flight:
     entries: list[_Active]
     slot: int
     times: dict[str, float]
-
-
-@dataclass
-class LoopStats:
-    """Where a decoding loop's wall time goes, cumulative seconds: enqueueing each round's stages (`launch`),
-    waiting for the device to finish them and reading the emitted tokens (`wait`), the host's bookkeeping after
-    (stop rules, token callbacks, retiring finished rows: `post`), admissions (prefill and first token:
-    `admit`), and, set by a scheduler, waiting for requests (`idle`). A server reports them (`/server_info`),
-    so a throughput run can tell a loop the device paces (`wait` dominates) from one the host paces."""
-
-    rounds: int = 0
-    row_rounds: int = 0  # active rows summed over rounds
-    admissions: int = 0
-    launch_s: float = 0.0
-    wait_s: float = 0.0
-    post_s: float = 0.0
-    admit_s: float = 0.0
-    idle_s: float = 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
 
 
 class _Stage:

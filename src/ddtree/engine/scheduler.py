@@ -1,6 +1,8 @@
-"""Feeding requests from many threads into one engine: continuous batching for `BatchedEngine`, one request at
-a time for the Hugging Face engine. Both run the engine in one daemon thread (the engine is not thread-safe)
-and hand results back as `concurrent.futures.Future`s.
+"""Feeding requests into one engine: continuous batching for `BatchedEngine`, one request at a time for the Hugging
+Face engine. Both run the engine in one thread (the engine is not thread-safe) and hand results back as
+`concurrent.futures.Future`s. Jobs come from an inbox: an in-process queue fed by `submit` from other threads, or
+any object with the same `get(block)` (the server's engine process reads its pipe through one:
+`ddtree.server.engine_process`); the loop runs in a daemon thread of its own, or on the caller's (`run_here`).
 
 Batching policy: requests are admitted in arrival order as long as the head of the queue decodes with the
 batch's (method, budget) and a row is free; a finished request frees its row at once and the next one is
@@ -18,6 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Protocol
 
 from ddtree.engine.types import GenerationRequest
 
@@ -38,23 +41,41 @@ class Job:
     finished_at: float | None = None  # when the engine handed its result back (decoding thread), perf_counter seconds
 
 
-class _Scheduler:
-    """Inbox and decoding thread; subclasses define `_loop`."""
+class Inbox(Protocol):
+    """Where a scheduler's jobs come from: `get` returns the next job, None to stop; with block=False it raises
+    `queue.Empty` when no job is waiting (`queue.SimpleQueue` is one)."""
 
-    def __init__(self, engine, name: str) -> None:
+    def get(self, block: bool = True) -> Job | None: ...
+
+
+class _Scheduler:
+    """Inbox and decoding loop; subclasses define `_loop`."""
+
+    def __init__(self, engine, name: str, *, inbox: Inbox | None = None, start: bool = True) -> None:
         self.engine = engine
-        self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._queue: queue.SimpleQueue[Job | None] | None = None if inbox is not None else queue.SimpleQueue()
+        self._inbox: Inbox = inbox if inbox is not None else self._queue  # type: ignore[assignment]
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True) if start else None
+        if self._thread is not None:
+            self._thread.start()
 
     def submit(self, request: GenerationRequest, *, method: str | None = None, budget: int | None = None,
                on_tokens: TokenCallback | None = None) -> Job:
+        if self._queue is None:
+            raise RuntimeError("this scheduler reads its jobs from its own inbox")
         job = Job(request, method, budget, on_tokens, Future(), time.perf_counter())
-        self._inbox.put(job)
+        self._queue.put(job)
         return job
 
     def stop(self) -> None:
-        self._inbox.put(None)
+        if self._queue is not None:
+            self._queue.put(None)
+
+    def run_here(self) -> None:
+        """Run the decoding loop on the calling thread until the inbox says stop (a scheduler made with start=False)."""
+        if self._thread is not None:
+            raise RuntimeError("this scheduler's loop runs in its own thread")
+        self._run()
 
     def _run(self) -> None:
         device = getattr(self.engine, "device", None)
@@ -73,8 +94,8 @@ class _Scheduler:
 class SerialScheduler(_Scheduler):
     """One request at a time through `engine.generate` (engines without a batch API)."""
 
-    def __init__(self, engine, name: str = "ddtree-decode") -> None:
-        super().__init__(engine, name)
+    def __init__(self, engine, name: str = "ddtree-decode", *, inbox: Inbox | None = None, start: bool = True) -> None:
+        super().__init__(engine, name, inbox=inbox, start=start)
 
     def _loop(self) -> None:
         while (job := self._inbox.get()) is not None:
@@ -93,12 +114,12 @@ class SerialScheduler(_Scheduler):
 class BatchScheduler(_Scheduler):
     """Continuous batching over a `BatchedEngine` (admit between rounds, free rows as requests finish)."""
 
-    def __init__(self, engine, name: str = "ddtree-batch") -> None:
+    def __init__(self, engine, name: str = "ddtree-batch", *, inbox: Inbox | None = None, start: bool = True) -> None:
         self._waiting: deque[Job] = deque()
         self._running: dict[int, Job] = {}  # id(engine entry) -> job
         self._stopping = False
         self._idle_since: float | None = None  # set while the loop waits for requests
-        super().__init__(engine, name)
+        super().__init__(engine, name, inbox=inbox, start=start)
 
     def _key(self, job: Job) -> tuple[str, int]:
         method = job.method or self.engine.method
@@ -189,8 +210,8 @@ def _settle(job: Job, entry) -> None:
         job.future.set_result(entry.output)
 
 
-def make_scheduler(engine) -> _Scheduler:
+def make_scheduler(engine, *, inbox: Inbox | None = None, start: bool = True) -> _Scheduler:
     """Continuous batching when the engine has a batch API, else one request at a time."""
     if hasattr(engine, "admit") and hasattr(engine, "step"):
-        return BatchScheduler(engine)
-    return SerialScheduler(engine)
+        return BatchScheduler(engine, inbox=inbox, start=start)
+    return SerialScheduler(engine, inbox=inbox, start=start)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 # The one list of decoding methods and of a round's timed stages; everything else reads these.
 METHODS = ("ar", "dflash", "ddtree")
@@ -44,6 +44,27 @@ class GenerationOutput:
     def tau(self) -> float:
         """Mean tokens committed per round including the bonus."""
         return (sum(self.accept_lens) + len(self.accept_lens)) / max(len(self.accept_lens), 1)
+
+
+@dataclass
+class LoopStats:
+    """Where a decoding loop's wall time goes, cumulative seconds: enqueueing each round's stages (`launch`),
+    waiting for the device to finish them and reading the emitted tokens (`wait`), the host's bookkeeping after
+    (stop rules, token callbacks, retiring finished rows: `post`), admissions (prefill and first token:
+    `admit`), and, set by a scheduler, waiting for requests (`idle`). A server reports them (`/server_info`),
+    so a throughput run can tell a loop the device paces (`wait` dominates) from one the host paces."""
+
+    rounds: int = 0
+    row_rounds: int = 0  # active rows summed over rounds
+    admissions: int = 0
+    launch_s: float = 0.0
+    wait_s: float = 0.0
+    post_s: float = 0.0
+    admit_s: float = 0.0
+    idle_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
 
 
 STAGE_TIMES = ("auto", "on", "off")

@@ -53,7 +53,7 @@ def _require(path: Path, what: str, is_dir: bool = False) -> Path:
 
 def load_pair(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> ModelPair:
     """Load target, tokenizer and drafter from a pair directory; both models in eval mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     root = _require(Path(path), "pair directory", is_dir=True)
     tdir = _require(root / "target", "target directory", is_dir=True)
@@ -65,10 +65,18 @@ def load_pair(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     device = torch.device(device)
     dtype = dtype if dtype is not None else default_dtype(device)
     target = AutoModelForCausalLM.from_pretrained(str(tdir), dtype=dtype).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(tdir))
+    tokenizer = load_tokenizer(root)
     drafter = DFlashDrafter.from_pretrained(ddir, device=device, dtype=dtype)
     check_compatible(target.config, drafter.config)
     return ModelPair(target=target, drafter=drafter, tokenizer=tokenizer, path=root, config=drafter.config)
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer of a pair directory (target/), without the models (the server process needs only this)."""
+    from transformers import AutoTokenizer
+
+    tdir = _require(_require(Path(path), "pair directory", is_dir=True) / "target", "target directory", is_dir=True)
+    return AutoTokenizer.from_pretrained(str(tdir))
 
 
 def check_compatible(target_config: Any, cfg: DFlashConfig) -> None:

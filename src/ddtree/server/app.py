@@ -332,7 +332,9 @@ def create_app(
     extra_info: dict[str, Any] | None = None,
 ) -> FastAPI:
     """Build the app around any object with `generate(request, method=, budget=, on_tokens=)` and
-    `max_context`. Per-request budgets are bounded by `max_budget` (default: `budget`)."""
+    `max_context` (decoded by a scheduler thread of this process), or around an `EngineProcess` (decoding in
+    its own process: what `ddtree serve` runs). Per-request budgets are bounded by `max_budget` (default:
+    `budget`)."""
     method = check_method(method, "method")
     budget = check_budget(budget, "budget")
     max_budget = budget if max_budget is None else check_budget(max_budget, "max_budget")
@@ -356,7 +358,8 @@ def create_app(
         dtype=dtype,
         limits=Limits(max_context=max_context, vocab_size=infer_vocab_size(engine, tokenizer, vocab_size),
                       max_budget=max_budget, methods=methods),
-        worker=make_scheduler(engine),
+        # an engine in another process (`engine_process.EngineProcess`) is its own scheduler
+        worker=engine if hasattr(engine, "submit") else make_scheduler(engine),
         created=int(time.time()),
         extra_info=dict(extra_info or {}),
     )
@@ -430,7 +433,7 @@ def create_app(
             "max_context": state.limits.max_context,
             "version": ddtree.__version__,
             "internal_states": [{"avg_spec_accept_length": avg, "finished_requests": state.finished}],
-            # cumulative seconds of the decoding loop by phase (`ddtree.engine.batched.LoopStats`), or None
+            # cumulative seconds of the decoding loop by phase (`ddtree.engine.types.LoopStats`), or None
             "engine_loop": loop_stats() if (loop_stats := getattr(state.worker, "loop_stats", None)) else None,
             "request_timeline": dataclasses.asdict(state.timeline),  # cumulative seconds by phase (RequestTimeline)
             **state.extra_info,
@@ -454,7 +457,8 @@ def create_app(
         results = await run_all(state, parsed)
         bodies = [generate_body(state, parsed, out, rid if parsed.n == 1 else f"{rid}_{i}", wait, e2e)
                   for i, (out, wait, e2e) in enumerate(results)]
-        return bodies[0] if parsed.n == 1 else bodies
+        # rendered here: FastAPI's encoder would walk every id and float of the body first (~0.3 ms a request)
+        return JSONResponse(bodies[0] if parsed.n == 1 else bodies)
 
     async def stream_generate(parsed: ParsedGenerate, rid: str) -> StreamingResponse:
         """SGLang's default stream: every event carries the cumulative `text` and `output_ids`."""
@@ -493,7 +497,7 @@ def create_app(
                             "finish_reason": out.finish_reason, "matched_stop": out.matched_stop})
         prompt_tokens = len(parsed.request.input_ids)
         completion_tokens = sum(len(out.output_ids) for out, _, _ in results)
-        return {
+        return JSONResponse({
             "id": cid,
             "object": "text_completion",
             "created": created,
@@ -501,7 +505,7 @@ def create_app(
             "choices": choices,
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens},
-        }
+        })
 
     async def stream_completion(
         parsed: ParsedGenerate, cid: str, created: int, model: str, echo: str

@@ -1,12 +1,14 @@
 """`ddtree serve`: load a model pair, build the decoding engine and serve it over HTTP (uvicorn).
 
-SIGTERM/SIGINT trigger uvicorn's graceful shutdown with a short timeout; the decode worker is a
-daemon thread, so an unfinished decode does not hold the process.
+The engine decodes in a child process (`engine_process.EngineProcess`: models, CUDA graphs and the decoding loop
+there; HTTP, tokenising and rendering here), so the two loops do not share a GIL. SIGTERM/SIGINT trigger
+uvicorn's graceful shutdown with a short timeout; the engine process is a daemon of this one and leaves with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import logging
 import sys
@@ -97,20 +99,11 @@ def _load_pair(path: str, device: str, dtype: Any) -> Any:
     raise SystemExit("ddtree serve: ddtree.models.load_pair is not available")
 
 
-def _model_vocab_size(pair: Any) -> int | None:
-    config = getattr(getattr(pair, "target", None), "config", None)
-    value = getattr(config, "vocab_size", None)
-    return value if isinstance(value, int) else None
-
-
-def build_app(args: argparse.Namespace) -> Any:
+def build_engine(args: argparse.Namespace) -> Any:
+    """The decoding engine of `args`, warmed up (run in the engine process)."""
     import torch
 
-    from ddtree.server.app import create_app
-
     if args.threads is not None:
-        if args.threads < 1:
-            raise SystemExit(f"ddtree serve: --threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     pair = _load_pair(args.model, args.device, dtype)
@@ -123,9 +116,23 @@ def build_app(args: argparse.Namespace) -> Any:
         configs = [(args.method, args.budget)] + ([("ar", 1)] if args.method != "ar" else [])
         configs += [("ddtree", b) for b in warmup_budgets(args) if ("ddtree", b) not in configs]
         engine.warmup(configs)
+    return engine
+
+
+def build_app(args: argparse.Namespace) -> Any:
+    from ddtree.models.pair import load_tokenizer
+    from ddtree.server.app import create_app
+    from ddtree.server.engine_process import EngineProcess, EngineStartError
+
+    if args.threads is not None and args.threads < 1:
+        raise SystemExit(f"ddtree serve: --threads must be >= 1, got {args.threads}")
+    try:
+        engine = EngineProcess(functools.partial(build_engine, args), log_level=args.log_level.upper())
+    except EngineStartError as exc:
+        raise SystemExit(f"ddtree serve: {exc}") from None
     return create_app(
         engine,
-        pair.tokenizer,
+        load_tokenizer(args.model),
         method=args.method,
         budget=args.budget,
         max_budget=args.max_budget,
@@ -133,7 +140,6 @@ def build_app(args: argparse.Namespace) -> Any:
         tokenizer_path=str(Path(args.model) / "target"),  # where the pair keeps its tokenizer
         device=args.device,
         dtype=args.dtype,
-        vocab_size=_model_vocab_size(pair),
     )
 
 

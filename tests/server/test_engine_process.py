@@ -1,0 +1,162 @@
+"""The engine in a process of its own (`ddtree.server.engine_process`): results, streams, cancellation, loop
+statistics, a failed start and an engine process that dies, around the model-free stub engine; and the app
+served over real HTTP around it. `ddtree serve` itself (which always decodes in an engine process) is covered
+end to end with the real engine by test_server_http.py."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import CancelledError
+
+import httpx
+import pytest
+import uvicorn
+
+from ddtree.bench.session import free_port
+from ddtree.engine.types import GenerationRequest
+from ddtree.server.app import create_app
+from ddtree.server.engine_process import EngineProcess, EngineStartError
+from ddtree.server.streaming import RequestCancelled
+from ddtree.testing.stub_engine import FIRST_TOKEN, ROUND_TOKEN, ByteTokenizer, StubEngine
+
+TAU = 3
+
+
+def request(text: str = "hi", max_new_tokens: int = 10) -> GenerationRequest:
+    return GenerationRequest(input_ids=list(text.encode()), max_new_tokens=max_new_tokens)
+
+
+def expected_ids(max_new_tokens: int) -> list[int]:
+    return [FIRST_TOKEN] + [ROUND_TOKEN] * (max_new_tokens - 1)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[EngineProcess]:
+    process = EngineProcess(functools.partial(StubEngine, round_s=0.002, tau=TAU, max_batch=4))
+    yield process
+    process.stop()
+
+
+def test_concurrent_requests_come_back_whole_with_their_timestamps(engine: EngineProcess) -> None:
+    jobs = [engine.submit(request(max_new_tokens=n)) for n in (1, 5, 10, 17, 30, 4, 9, 2)]
+    for n, job in zip((1, 5, 10, 17, 30, 4, 9, 2), jobs):
+        output = job.future.result(timeout=30)
+        assert output.output_ids == expected_ids(n)
+        assert output.rounds == -(-(n - 1) // TAU)
+        # the engine's clock is the server's (perf_counter is system-wide): arrival <= start <= finish <= now
+        assert job.submitted_at <= job.started_at <= job.finished_at <= time.perf_counter()
+    stats = engine.loop_stats()
+    assert stats is not None and stats["admissions"] >= 8 and stats["rounds"] > 0
+    assert stats["row_rounds"] > stats["rounds"]  # up to 4 rows decoded together
+
+
+def test_a_stream_gets_every_token_in_order(engine: EngineProcess) -> None:
+    chunks: list[list[int]] = []
+    job = engine.submit(request(max_new_tokens=11), on_tokens=chunks.append)
+    output = job.future.result(timeout=30)
+    assert [t for chunk in chunks for t in chunk] == output.output_ids == expected_ids(11)
+    assert len(chunks) == 1 + -(-10 // TAU)  # the first token, then one chunk a round
+
+
+def test_a_stream_whose_client_leaves_stops_decoding(engine: EngineProcess) -> None:
+    seen: list[int] = []
+
+    def on_tokens(ids: list[int]) -> None:
+        seen.extend(ids)
+        if len(seen) > 1:
+            raise RequestCancelled("client gone")
+
+    job = engine.submit(request(max_new_tokens=3000), on_tokens=on_tokens)
+    with pytest.raises(RequestCancelled):
+        job.future.result(timeout=30)
+    # stopped within a few rounds of the cancel, far from the 1000 rounds the request asked for
+    assert len(seen) < 20 * TAU
+
+
+def test_a_request_cancelled_before_it_starts_is_dropped() -> None:
+    process = EngineProcess(functools.partial(StubEngine, round_s=0.002, tau=1, max_batch=1))
+    try:
+        first = process.submit(request(max_new_tokens=60))  # holds the only row for ~0.12 s
+        queued = process.submit(request(max_new_tokens=5))
+        assert queued.future.cancel()
+        assert first.future.result(timeout=30).output_ids == expected_ids(60)
+        after = process.submit(request(max_new_tokens=2))
+        assert after.future.result(timeout=30).output_ids == expected_ids(2)
+        with pytest.raises(CancelledError):
+            queued.future.result(timeout=0)
+        assert process.loop_stats()["admissions"] == 2  # the cancelled one never reached the engine
+    finally:
+        process.stop()
+
+
+def test_a_refused_request_fails_alone(engine: EngineProcess) -> None:
+    bad, good = engine.submit(request("fail")), engine.submit(request("ok", 4))
+    with pytest.raises(ValueError, match="refuses the prompt 'fail'"):
+        bad.future.result(timeout=30)
+    assert good.future.result(timeout=30).output_ids == expected_ids(4)
+
+
+def _refuse_to_start() -> StubEngine:
+    raise OSError("no weights at /nowhere")
+
+
+def test_a_failed_start_raises_with_the_engines_message() -> None:
+    with pytest.raises(EngineStartError, match="OSError: no weights at /nowhere"):
+        EngineProcess(_refuse_to_start)
+
+
+def test_an_engine_process_that_dies_fails_its_requests_and_the_next_ones() -> None:
+    process = EngineProcess(functools.partial(StubEngine, round_s=0.002, tau=1, max_batch=2))
+    long = process.submit(request(max_new_tokens=2000))
+    crash = process.submit(request("crash"))
+    for job in (long, crash):
+        with pytest.raises(RuntimeError, match=r"engine process exited \(code 3\)"):
+            job.future.result(timeout=30)
+    later = process.submit(request())
+    with pytest.raises(RuntimeError, match="engine process exited"):
+        later.future.result(timeout=1)
+    assert not process.alive and process.loop_stats() is None
+    process.stop()  # stopping a dead engine is harmless
+
+
+def test_stop_ends_the_process_promptly() -> None:
+    process = EngineProcess(functools.partial(StubEngine, round_s=0.001))
+    assert process.submit(request()).future.result(timeout=30).output_ids == expected_ids(10)
+    t = time.perf_counter()
+    process.stop()
+    assert not process.alive and time.perf_counter() - t < 3.0
+
+
+def test_the_app_over_http_around_an_engine_process() -> None:
+    process = EngineProcess(functools.partial(StubEngine, round_s=0.001, tau=TAU, max_batch=4))
+    app = create_app(process, ByteTokenizer(), method="ddtree", budget=32, model_name="stub")
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            if server.started:
+                break
+            time.sleep(0.05)
+        body = httpx.post(f"{url}/generate", json={"text": "hello", "sampling_params": {"max_new_tokens": 7}},
+                          timeout=30).json()
+        assert body["output_ids"] == expected_ids(7)
+        assert body["meta_info"]["spec_verify_ct"] == 2 and body["meta_info"]["completion_tokens"] == 7
+        bad = httpx.post(f"{url}/generate", json={"text": "fail", "sampling_params": {"max_new_tokens": 3}},
+                         timeout=30)
+        assert bad.status_code == 500 and "refuses the prompt" in bad.json()["error"]["message"]
+        with httpx.stream("POST", f"{url}/generate", json={"text": "hi", "stream": True,
+                                                           "sampling_params": {"max_new_tokens": 8}}, timeout=30) as r:
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]" and len(events) >= 3
+        info = httpx.get(f"{url}/server_info", timeout=30).json()
+        assert info["engine_loop"]["admissions"] == 2 and info["request_timeline"]["requests"] == 1
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert not process.alive  # the app's shutdown stopped the engine process
