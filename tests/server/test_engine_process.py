@@ -5,10 +5,10 @@ end to end with the real engine by test_server_http.py."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import CancelledError
 
 import httpx
@@ -33,70 +33,94 @@ def expected_ids(max_new_tokens: int) -> list[int]:
     return [FIRST_TOKEN] + [ROUND_TOKEN] * (max_new_tokens - 1)
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[EngineProcess]:
-    process = EngineProcess(functools.partial(StubEngine, round_s=0.002, tau=TAU, max_batch=4))
-    yield process
-    process.stop()
+def attached(factory) -> EngineProcess:
+    process = EngineProcess(factory)
+    process.attach(asyncio.get_running_loop())
+    return process
 
 
-def test_concurrent_requests_come_back_whole_with_their_timestamps(engine: EngineProcess) -> None:
-    jobs = [engine.submit(request(max_new_tokens=n)) for n in (1, 5, 10, 17, 30, 4, 9, 2)]
-    for n, job in zip((1, 5, 10, 17, 30, 4, 9, 2), jobs):
-        output = job.future.result(timeout=30)
-        assert output.output_ids == expected_ids(n)
-        assert output.rounds == -(-(n - 1) // TAU)
-        # the engine's clock is the server's (perf_counter is system-wide): arrival <= start <= finish <= now
-        assert job.submitted_at <= job.started_at <= job.finished_at <= time.perf_counter()
-    stats = engine.loop_stats()
-    assert stats is not None and stats["admissions"] >= 8 and stats["rounds"] > 0
-    assert stats["row_rounds"] > stats["rounds"]  # up to 4 rows decoded together
+async def result(job, timeout: float = 30.0):
+    return await asyncio.wait_for(asyncio.wrap_future(job.future), timeout)
 
 
-def test_a_stream_gets_every_token_in_order(engine: EngineProcess) -> None:
-    chunks: list[list[int]] = []
-    job = engine.submit(request(max_new_tokens=11), on_tokens=chunks.append)
-    output = job.future.result(timeout=30)
-    assert [t for chunk in chunks for t in chunk] == output.output_ids == expected_ids(11)
-    assert len(chunks) == 1 + -(-10 // TAU)  # the first token, then one chunk a round
+def test_concurrent_requests_come_back_whole_with_their_timestamps() -> None:
+    lengths = (1, 5, 10, 17, 30, 4, 9, 2)
+
+    async def scenario() -> None:
+        process = attached(functools.partial(StubEngine, round_s=0.002, tau=TAU, max_batch=4))
+        try:
+            jobs = [process.submit(request(max_new_tokens=n)) for n in lengths]
+            for n, job in zip(lengths, jobs):
+                output = await result(job)
+                assert output.output_ids == expected_ids(n)
+                assert output.rounds == -(-(n - 1) // TAU)
+                # the engine's clock is the server's (perf_counter is system-wide): arrival <= start <= finish <= now
+                assert job.submitted_at <= job.started_at <= job.finished_at <= time.perf_counter()
+            stats = process.loop_stats()  # as of the last finished request
+            assert stats is not None and stats["admissions"] == 8 and stats["rounds"] > 0
+            assert stats["row_rounds"] > stats["rounds"]  # up to 4 rows decoded together
+        finally:
+            process.stop()
+
+    asyncio.run(scenario())
 
 
-def test_a_stream_whose_client_leaves_stops_decoding(engine: EngineProcess) -> None:
-    seen: list[int] = []
+def test_a_stream_gets_every_token_in_order_and_one_whose_client_leaves_stops() -> None:
+    async def scenario() -> None:
+        process = attached(functools.partial(StubEngine, round_s=0.002, tau=TAU, max_batch=4))
+        try:
+            chunks: list[list[int]] = []
+            output = await result(process.submit(request(max_new_tokens=11), on_tokens=chunks.append))
+            assert [t for chunk in chunks for t in chunk] == output.output_ids == expected_ids(11)
+            assert len(chunks) == 1 + -(-10 // TAU)  # the first token, then one chunk a round
 
-    def on_tokens(ids: list[int]) -> None:
-        seen.extend(ids)
-        if len(seen) > 1:
-            raise RequestCancelled("client gone")
+            seen: list[int] = []
 
-    job = engine.submit(request(max_new_tokens=3000), on_tokens=on_tokens)
-    with pytest.raises(RequestCancelled):
-        job.future.result(timeout=30)
-    # stopped within a few rounds of the cancel, far from the 1000 rounds the request asked for
-    assert len(seen) < 20 * TAU
+            def leaving(ids: list[int]) -> None:
+                seen.extend(ids)
+                if len(seen) > 1:
+                    raise RequestCancelled("client gone")
+
+            with pytest.raises(RequestCancelled):
+                await result(process.submit(request(max_new_tokens=3000), on_tokens=leaving))
+            # stopped within a few rounds of the cancel, far from the 1000 rounds the request asked for
+            assert len(seen) < 20 * TAU
+        finally:
+            process.stop()
+
+    asyncio.run(scenario())
 
 
 def test_a_request_cancelled_before_it_starts_is_dropped() -> None:
-    process = EngineProcess(functools.partial(StubEngine, round_s=0.002, tau=1, max_batch=1))
-    try:
-        first = process.submit(request(max_new_tokens=60))  # holds the only row for ~0.12 s
-        queued = process.submit(request(max_new_tokens=5))
-        assert queued.future.cancel()
-        assert first.future.result(timeout=30).output_ids == expected_ids(60)
-        after = process.submit(request(max_new_tokens=2))
-        assert after.future.result(timeout=30).output_ids == expected_ids(2)
-        with pytest.raises(CancelledError):
-            queued.future.result(timeout=0)
-        assert process.loop_stats()["admissions"] == 2  # the cancelled one never reached the engine
-    finally:
-        process.stop()
+    async def scenario() -> None:
+        process = attached(functools.partial(StubEngine, round_s=0.002, tau=1, max_batch=1))
+        try:
+            first = process.submit(request(max_new_tokens=60))  # holds the only row for ~0.12 s
+            queued = process.submit(request(max_new_tokens=5))
+            assert queued.future.cancel()
+            assert (await result(first)).output_ids == expected_ids(60)
+            assert (await result(process.submit(request(max_new_tokens=2)))).output_ids == expected_ids(2)
+            with pytest.raises(CancelledError):
+                queued.future.result(timeout=0)
+            assert process.loop_stats()["admissions"] == 2  # the cancelled one never reached the engine
+        finally:
+            process.stop()
+
+    asyncio.run(scenario())
 
 
-def test_a_refused_request_fails_alone(engine: EngineProcess) -> None:
-    bad, good = engine.submit(request("fail")), engine.submit(request("ok", 4))
-    with pytest.raises(ValueError, match="refuses the prompt 'fail'"):
-        bad.future.result(timeout=30)
-    assert good.future.result(timeout=30).output_ids == expected_ids(4)
+def test_a_refused_request_fails_alone() -> None:
+    async def scenario() -> None:
+        process = attached(functools.partial(StubEngine, round_s=0.002, tau=TAU))
+        try:
+            bad, good = process.submit(request("fail")), process.submit(request("ok", 4))
+            with pytest.raises(ValueError, match="refuses the prompt 'fail'"):
+                await result(bad)
+            assert (await result(good)).output_ids == expected_ids(4)
+        finally:
+            process.stop()
+
+    asyncio.run(scenario())
 
 
 def _refuse_to_start() -> StubEngine:
@@ -108,26 +132,41 @@ def test_a_failed_start_raises_with_the_engines_message() -> None:
         EngineProcess(_refuse_to_start)
 
 
+def test_submitting_before_attaching_to_a_loop_is_refused() -> None:
+    process = EngineProcess(functools.partial(StubEngine, round_s=0.001))
+    try:
+        with pytest.raises(RuntimeError, match="attach"):
+            process.submit(request())
+    finally:
+        process.stop()
+
+
 def test_an_engine_process_that_dies_fails_its_requests_and_the_next_ones() -> None:
-    process = EngineProcess(functools.partial(StubEngine, round_s=0.002, tau=1, max_batch=2))
-    long = process.submit(request(max_new_tokens=2000))
-    crash = process.submit(request("crash"))
-    for job in (long, crash):
-        with pytest.raises(RuntimeError, match=r"engine process exited \(code 3\)"):
-            job.future.result(timeout=30)
-    later = process.submit(request())
-    with pytest.raises(RuntimeError, match="engine process exited"):
-        later.future.result(timeout=1)
-    assert not process.alive and process.loop_stats() is None
-    process.stop()  # stopping a dead engine is harmless
+    async def scenario() -> EngineProcess:
+        process = attached(functools.partial(StubEngine, round_s=0.002, tau=1, max_batch=2))
+        long = process.submit(request(max_new_tokens=2000))
+        crash = process.submit(request("crash"))
+        for job in (long, crash):
+            with pytest.raises(RuntimeError, match=r"engine process exited \(code 3\)"):
+                await result(job)
+        with pytest.raises(RuntimeError, match="engine process exited"):
+            await result(process.submit(request()), timeout=1)
+        assert not process.alive
+        process.stop()  # stopping a dead engine is harmless
+        return process
+
+    asyncio.run(scenario())
 
 
 def test_stop_ends_the_process_promptly() -> None:
-    process = EngineProcess(functools.partial(StubEngine, round_s=0.001))
-    assert process.submit(request()).future.result(timeout=30).output_ids == expected_ids(10)
-    t = time.perf_counter()
-    process.stop()
-    assert not process.alive and time.perf_counter() - t < 3.0
+    async def scenario() -> None:
+        process = attached(functools.partial(StubEngine, round_s=0.001))
+        assert (await result(process.submit(request()))).output_ids == expected_ids(10)
+        t = time.perf_counter()
+        process.stop()
+        assert not process.alive and time.perf_counter() - t < 3.0
+
+    asyncio.run(scenario())
 
 
 def test_the_app_over_http_around_an_engine_process() -> None:

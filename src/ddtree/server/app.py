@@ -366,6 +366,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        attach = getattr(state.worker, "attach", None)
+        if attach is not None:  # an engine process: its results are read on this loop
+            attach(asyncio.get_running_loop())
         yield
         state.worker.stop()
 
