@@ -10,8 +10,8 @@ mkdir -p .triton_cache "$OUT"
 [ -f .triton_cache.tgz ] && tar xzf .triton_cache.tgz
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="$PWD/src:/tmp/site" TRITON_CACHE_DIR="$PWD/.triton_cache" PYTHONUNBUFFERED=1
-OUT=/tmp/train_out timeout -k 5 300 python3 benchmarks/gpu_pair/train_and_eval.py --pair-dir /tmp/gpu-pair --eval-prompts 0 \
-    --max-minutes 4.8 > /tmp/train.log 2>&1
+OUT=/tmp/train_out timeout -k 5 330 python3 benchmarks/gpu_pair/train_and_eval.py --pair-dir /tmp/gpu-pair --eval-prompts 0 \
+    --max-minutes 5.3 > /tmp/train.log 2>&1
 echo "train rc=$?"; grep -E "^pair|target :|drafter:" /tmp/train.log
 OUT=/tmp/sweep timeout -k 10 200 python3 benchmarks/gpu_pair/serve_sweep.py --pair /tmp/gpu-pair \
     --methods ar,dflash,ddtree --concurrency 16,8,1,2,4 --budgets 16,32 --max-new-tokens 128 --min-requests 16 \
