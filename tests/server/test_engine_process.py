@@ -195,6 +195,11 @@ def test_the_app_over_http_around_an_engine_process() -> None:
         assert events[-1] == "data: [DONE]" and len(events) >= 3
         info = httpx.get(f"{url}/server_info", timeout=30).json()
         assert info["engine_loop"]["admissions"] == 2 and info["request_timeline"]["requests"] == 1
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+        crashed = httpx.post(f"{url}/generate", json={"text": "crash", "sampling_params": {"max_new_tokens": 3}},
+                             timeout=30)
+        assert crashed.status_code == 500 and "engine process exited (code 3)" in crashed.json()["error"]["message"]
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 503
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -1,9 +1,11 @@
 """FastAPI app of the reference server, speaking SGLang's HTTP dialect.
 
-Decoding runs in one daemon thread (`ddtree.engine.scheduler`): with the batched engine, concurrent
-requests are decoded together (continuous batching, admitted in arrival order); with the Hugging Face
-engine, one at a time in arrival order. The event loop stays free (health answers while decoding), and
-a stuck decode never blocks process exit on SIGTERM.
+Decoding runs in a scheduler (`ddtree.engine.scheduler`): with the batched engine, concurrent requests are
+decoded together (continuous batching, admitted in arrival order); with the Hugging Face engine, one at a time
+in arrival order. `ddtree serve` runs it in an engine process of its own (`engine_process.EngineProcess`, whose
+pipe this event loop reads), so HTTP and decoding do not share a GIL; an engine object passed in directly is
+decoded by a daemon thread of this process (tests, benchmarks). The event loop stays free (health answers while
+decoding), and a stuck decode never blocks process exit on SIGTERM.
 Streaming responses are fed by the engine's per-round `on_tokens` callback (streaming.py), so
 they do not depend on how the worker schedules requests.
 """
@@ -394,6 +396,8 @@ def create_app(
 
     @app.get("/health")
     async def health() -> PlainTextResponse:
+        if not getattr(state.worker, "alive", True):  # the engine process has exited: nothing can be decoded
+            return PlainTextResponse("the engine process has exited", status_code=503)
         return PlainTextResponse("ok")
 
     @app.get("/health_generate")

@@ -43,8 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
     parser.add_argument(
         "--threads", type=int, default=None,
-        help="torch intra-op CPU threads (default: torch's). Decoding runs in a worker thread; on small CPU "
-        "models one thread avoids two OpenMP teams contending for the cores",
+        help="torch intra-op CPU threads of the engine process (default: torch's); on small CPU models one "
+        "thread avoids OpenMP threads contending with the server's process for the cores",
     )
     parser.add_argument("--verifier", default="exact",
                         help="sampling verifier (ddtree.core.lossy_verifiers); anything but 'exact' is LOSSY, "
