@@ -1,7 +1,7 @@
 """Throughput against concurrency through the reference server: `ar`, `dflash` and `ddtree` at each budget
 (issue 12: 8 concurrent requests, and the sweep over 1, 2, 4, 8, 16 with the best budget per level).
 
-One server per method, all started first and kept up (`ddtree serve --log-level info`, continuous batching up to
+One server per method, all started at once and kept up (`ddtree serve --log-level info`, continuous batching up to
 --max-batch, CUDA graphs of every batch bucket and every swept budget captured at start; its log shows each
 captured program's seconds); the ddtree budgets go to one server as per-request overrides. Each level measures
 every (method, budget) back to back, and --repeats passes over the levels rotate that order, so ratios compare
@@ -169,8 +169,8 @@ class Sweep:
             "level_requests": sum(n for n, _ in batches), "level_seconds": seconds, "loop": loop,
             "request_phases": phases}
 
-    def start_server(self, method: str, budgets: list[int | None]) -> Any:
-        """Start one method's server and wait for it; None when it did not come up (recorded in `servers`)."""
+    def launch_server(self, method: str, budgets: list[int | None]) -> Any:
+        """Start one method's server process (not waited for: `wait_ready`); None when it would not fit."""
         a = self.args
         if not self.fits(f"the {method} server", self.level_estimate_s):
             return None
@@ -183,21 +183,25 @@ class Sweep:
         if method == "ddtree":
             cmd += ["--warmup-budgets", ",".join(str(b) for b in budgets)]
         info: dict[str, Any] = self.servers.setdefault(method, {"log": f"server_{method}.log", "startup_s": None})
-        t0 = time.perf_counter()
-        server = start_server(cmd, self.out / info["log"], port=port)
+        info["launched_at"] = time.perf_counter()
+        return start_server(cmd, self.out / info["log"], port=port)
+
+    def wait_ready(self, method: str, server: Any) -> bool:
+        """Wait for a launched server's health; False (server stopped, the reason recorded) when it did not come up."""
+        info = self.servers[method]
         # a start that cannot leave time for one level is cut here, not by the command's timeout
-        wait = min(a.health_timeout_s, self.seconds_left() - self.level_estimate_s)
+        wait = min(self.args.health_timeout_s, self.seconds_left() - self.level_estimate_s)
         try:
             wait_for_health(server.url, max(wait, 1.0), process=server.process, log_path=server.log_path)
         except (RuntimeError, TimeoutError) as exc:
             info["error"] = str(exc).splitlines()[0]
             print(f"{method} server not ready: {info['error']}", flush=True)
             stop_server(server)
-            return None
-        info["startup_s"] = time.perf_counter() - t0
+            return False
+        info["startup_s"] = time.perf_counter() - info.pop("launched_at")
         print(f"{method} server ready in {info['startup_s']:.1f} s", flush=True)
         self.write()
-        return server
+        return True
 
     def measure(self, cells: list[tuple[str, int | None, Any]]) -> None:
         """cells: (method, budget, server). One untimed warm-up per (cell, T), then --repeats passes over the
@@ -385,13 +389,17 @@ def main(argv: list[str] | None = None) -> int:
     budgets = sweep.plan()["budgets"]
     servers = []
     try:
-        cells = []
+        # every server starts at once (their start-ups, mostly compiling and capturing, overlap), then each is
+        # waited for; an idle server's engine blocks on its pipe, so it does not disturb the one being measured
+        launched = []
         for method in sweep.plan()["methods"]:
             method_budgets = budgets if method == "ddtree" else [None]
-            server = sweep.start_server(method, method_budgets)
+            server = sweep.launch_server(method, method_budgets)
             if server is not None:
                 servers.append(server)
-                cells += [(method, b, server) for b in method_budgets]
+                launched.append((method, method_budgets, server))
+        cells = [(method, b, server) for method, method_budgets, server in launched
+                 if sweep.wait_ready(method, server) for b in method_budgets]
         if cells:
             sweep.measure(cells)
     finally:
