@@ -15,9 +15,9 @@ i=0
 for side in new old new old; do
     i=$((i + 1)); root=$PWD; [ $side = old ] && root=$PWD/.ab/old
     echo "== $side (run $i)"
-    PYTHONPATH="$root/src:/tmp/site" OUT=/tmp/sweep$i timeout -k 10 $((590 - SECONDS)) python3 \
+    PYTHONPATH="$root/src:/tmp/site" OUT=/tmp/sweep$i timeout -k 10 $((480 - SECONDS)) python3 \
         "$root/benchmarks/gpu_pair/serve_sweep.py" --pair /tmp/gpu-pair --methods ar,dflash,ddtree --concurrency 8,1 \
         --budgets 16,32 --max-new-tokens 128 --min-requests 16 --min-seconds 3 --max-requests 4000 --repeats 1 \
-        --time-budget-s $(((580 - SECONDS) / (5 - i))) > /tmp/sweep$i.log 2>&1
+        --time-budget-s $(((470 - SECONDS) / (5 - i))) > /tmp/sweep$i.log 2>&1
     echo "sweep rc=$?"; cp /tmp/sweep$i/sweep.txt "$OUT/sweep_${i}_$side.txt"; head -4 "$OUT/sweep_${i}_$side.txt"
 done
