@@ -5,7 +5,7 @@
 # (.ab/old: `git archive` of the previous commit's src/ and benchmarks): a request's device cost beyond its rounds
 # (`churn_cost.py`), and the server at 8 and 1 concurrent requests (T = 0, 128 new tokens, dflash and ddtree(32)),
 # new-old-new-old, one pass each.
-#   OUT=$OUT bash benchmarks/engine/h200_s18_b.sh      (carry .whl, .ab, compile_cache.tgz)
+#   OUT=$OUT bash benchmarks/engine/h200_s18_b.sh      (carry .whl, .ab, compile_cache.tgz; END_S: seconds to end by, 585)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p "$OUT" /tmp/compile_cache
@@ -32,7 +32,7 @@ done 2>&1 | tee "$OUT/churn_ab.txt"
 i=0
 for side in new old new old; do
     i=$((i + 1)); root=$PWD; [ $side = old ] && root=$PWD/.ab/old
-    left=$(((585 - SECONDS) / (5 - i)))
+    left=$(((${END_S:-585} - SECONDS) / (5 - i)))
     [ "$left" -lt 45 ] && { echo "== $side (run $i): no time left"; continue; }
     echo "== $side (run $i), ${left} s"
     PYTHONPATH="$root/src:/tmp/site" OUT=/tmp/sweep$i timeout -k 5 $((left + 10)) python3 \
