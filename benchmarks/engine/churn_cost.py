@@ -5,10 +5,12 @@ round took 0.66 ms against dflash's 0.61 while the same rounds without requests 
 (`ddtree bench engine --random-weights gpu-pair`). This runs the `gpu` pair's shape with random weights (a round
 emits one token a row, so a request of N new tokens lives ~N rounds) two ways per (method, budget): `churn`, a closed
 loop in the engine (every finished request replaced at once by a new one, prompts of --prompt-tokens) with requests
-of --new-tokens, and `steady`, a full batch whose requests do not finish, timed over 20 rounds from the churn's mean
-context (prompt + half the new tokens; attention costs grow with the context), median of 10 batches. The difference in ms per round over the
-admissions per round is a request's device cost beyond its rounds (prefill, first token, retirement); the top
-kernels of the churn rounds (torch.profiler) show what it is made of.
+of --new-tokens (spread by --spread, so that they finish one at a time), and `steady`, a full batch whose requests
+do not finish, timed over 20 rounds from the churn's mean context (prompt + half the new tokens; attention costs
+grow with the context), median of 10 batches. The difference in ms per round over the admissions per round is a
+request's cost beyond its rounds (prefill, first token, retirement), on the device where the loop waits for it (the
+churn loop's phases say whether it does: `wait` against launch + post + admit); the top kernels of the churn rounds
+(torch.profiler) show what it is made of.
 
     PYTHONPATH=src python benchmarks/engine/churn_cost.py --new-tokens 20,10 --prompt-tokens 80
 
@@ -30,23 +32,33 @@ from ddtree.engine.fast_model import FusedDecoder, random_drafter_for
 from ddtree.engine.types import GenerationRequest
 
 
-def request(prompt_tokens: int, new_tokens: int, vocab: int, gen: torch.Generator) -> GenerationRequest:
+def request(prompt_tokens: int, new_tokens: int, vocab: int, gen: torch.Generator, spread: float = 0.0
+            ) -> GenerationRequest:
+    """A random prompt; max_new_tokens uniform in new_tokens x [1 - spread, 1 + spread] (at least 1)."""
     ids = torch.randint(0, vocab - 1, (prompt_tokens,), generator=gen).tolist()
-    return GenerationRequest(input_ids=ids, max_new_tokens=new_tokens)
+    lo, hi = max(1, round(new_tokens * (1 - spread))), max(1, round(new_tokens * (1 + spread)))
+    return GenerationRequest(input_ids=ids, max_new_tokens=int(torch.randint(lo, hi + 1, (1,), generator=gen)))
 
 
-def period_ms(engine: BatchedEngine, rounds: int, refill) -> tuple[float, float]:
-    """Mean ms per round over `rounds` steps (the device is synchronised at both ends), and the
-    admissions per round; `refill(finished)` admits replacements."""
+PHASES = ("launch_s", "wait_s", "post_s", "admit_s")
+
+
+def period_ms(engine: BatchedEngine, rounds: int, refill) -> tuple[float, float, dict[str, float]]:
+    """Mean ms per round over `rounds` steps (the device is synchronised at both ends), the admissions per
+    round and the loop's phases in ms per round (`LoopStats`: enqueue, wait for the device, bookkeeping after,
+    admissions); `refill(finished)` admits replacements."""
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
-    admissions = engine.loop_stats.admissions
+    stats = engine.loop_stats
+    before = stats.as_dict()
     sync()
     t = time.perf_counter()
     for _ in range(rounds):
         refill(engine.step())
     sync()
     seconds = time.perf_counter() - t
-    return 1e3 * seconds / rounds, (engine.loop_stats.admissions - admissions) / rounds
+    after = stats.as_dict()
+    phases = {k: 1e3 * (after[k] - before[k]) / rounds for k in PHASES}
+    return 1e3 * seconds / rounds, (after["admissions"] - before["admissions"]) / rounds, phases
 
 
 def top_kernels(engine: BatchedEngine, rounds: int, refill, top: int) -> list[tuple[float, float, str]]:
@@ -67,7 +79,11 @@ def main() -> int:
     ap.add_argument("--configs", default="dflash:15,ddtree:16,ddtree:32")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=80)
-    ap.add_argument("--new-tokens", default="20,10", help="request lengths of the churn runs")
+    ap.add_argument("--new-tokens", default="20,10", help="mean request lengths of the churn runs")
+    ap.add_argument("--spread", type=float, default=0.5,
+                    help="request lengths uniform in mean x [1 - spread, 1 + spread]: finishes come one at a time, "
+                         "as the server's arrivals do (0: every request of a wave finishes in the same round, and "
+                         "the loop reads that round before the next, its host work for the whole wave unhidden)")
     ap.add_argument("--rounds", type=int, default=400)
     ap.add_argument("--top", type=int, default=25, help="kernels listed per churn run (0: no profile)")
     ap.add_argument("--device", default="cuda")
@@ -94,7 +110,8 @@ def main() -> int:
         engine.warmup([(method, max(budget, 1))], sampled=False)
 
         def admit(new_tokens: int) -> None:
-            engine.admit(request(args.prompt_tokens, new_tokens, vocab, gen), method=method, budget=max(budget, 1))
+            engine.admit(request(args.prompt_tokens, new_tokens, vocab, gen, args.spread), method=method,
+                         budget=max(budget, 1))
 
         nothing = lambda finished: None  # noqa: E731
         line = {"method": method, "budget": budget}
@@ -116,10 +133,11 @@ def main() -> int:
             for _ in range(args.batch):
                 admit(new_tokens)
             period_ms(engine, 30, refill)
-            churn, rate = period_ms(engine, args.rounds, refill)
+            churn, rate, phases = period_ms(engine, args.rounds, refill)
             cost = (churn - steady) / rate if rate else float("nan")
             print(f"{'':>4}{new_tokens} new tokens: steady {steady:.3f} ms a round, churn {churn:.3f}, {rate:.3f} "
-                  f"admissions a round -> {cost:.3f} ms of device time a request beyond its rounds", flush=True)
+                  f"admissions a round -> {cost:.3f} ms a request beyond its rounds; the churn loop's ms a round: "
+                  + ", ".join(f"{k[:-2]} {v:.3f}" for k, v in phases.items()), flush=True)
             line[f"churn_{new_tokens}"] = (steady, churn, rate, cost)
             if args.top and device.type == "cuda":
                 for us, calls, name in top_kernels(engine, 50, refill, args.top):
