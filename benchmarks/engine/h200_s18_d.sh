@@ -2,7 +2,10 @@
 # Session 18, fourth GPU command (~4 minutes of device time left): the draft's lm_head over the whole block (B x 16
 # rows) against B x 15 rows (.ab/old: the code before), the Qwen3-8B shape at batch 8 and 1, dflash and ddtree(32);
 # then the CUDA graph tests of the batched engine in the time left.
-#   OUT=$OUT bash benchmarks/engine/h200_s18_d.sh      (carry .ab, compile_cache.tgz)
+# Not run (session 18 had no device time left); the change was reverted until measured (660836d). To run it: `git revert
+# 660836d` (re-applies 4961a9e), `mkdir -p .ab/old && git archive 660836d src | tar x -C .ab/old` (main's engine as old),
+# then
+#   OUT=$OUT bash benchmarks/engine/h200_s18_d.sh      (carry .ab, and compile_cache.tgz where this checkout has one)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p "$OUT" /tmp/compile_cache
