@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Session 18, first GPU command (it ran on an H100): session 17's call D (never ran) on a fresh machine: a request's device cost beyond
-# its rounds (prefill, first token, retirement) at batch 8 with requests coming and going (`churn_cost.py`, every request of a wave
-# the same length as it ran then: --spread 0; with the churn rounds' top kernels), then the Qwen3-8B shape at batch 8; the compile caches
-# come back as compile_cache.tgz.
+# Session 18, first GPU command (it ran on an H100): session 17's call D (never ran) on a fresh machine: a
+# request's device cost beyond its rounds (prefill, first token, retirement) at batch 8 with requests coming and going
+# (`churn_cost.py`, every request of a wave the same length as it ran then: --spread 0; with the churn rounds' top
+# kernels), then the Qwen3-8B shape at batch 8; the compile caches come back as compile_cache.tgz.
 #   OUT=$OUT bash benchmarks/engine/h200_s18_a.sh      (carry compile_cache.tgz if this checkout has one)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
