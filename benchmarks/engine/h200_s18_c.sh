@@ -2,8 +2,8 @@
 # Session 18, third GPU command (the session's last ~6 minutes of device time): a request's cost beyond its rounds
 # with finishes spread out as the server's arrivals are (`churn_cost.py --spread 0.5`: call A's closed loop finished
 # whole waves in one round, which the loop reads before launching the next, so its host work went unhidden), with the
-# churn loop's phases and top kernels; then where the 8B shape's draft goes at batch 8 (4.59 ms against ~1.6 at
-# batch 1 on the H100, call A) with kernel lists.
+# churn loop's phases and top kernels; then where the 8B shape's draft goes at batch 1 and 8 (4.59 ms at batch 8
+# in call A) with kernel lists.
 #   OUT=$OUT bash benchmarks/engine/h200_s18_c.sh      (carry compile_cache.tgz)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
