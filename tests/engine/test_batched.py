@@ -195,6 +195,8 @@ def test_prefills_beside_the_rounds_equal_eager_admissions(tiny_pair, prompts, m
                                     dtype=torch.float32, cuda_graphs=graphs) for graphs in (True, False))
     assert graphed.prefill_buckets == (64, 128, 256)
     assert graphed.overlap and graphed._prefill_stream is not None and graphed._prefill_pool != graphed._pool
+    rounds, side = graphed._capture_streams  # one cuBLAS workspace each (torch keys it by stream)
+    assert rounds.cuda_stream != side.cuda_stream
     graphed.warmup([(method, budget)])
     long_prompt = (prompts[1] * 12)[:90]  # bucket 128
     beyond = (prompts[0] * 200)[:300]  # beyond the largest bucket: the direct prefill, on the rounds' stream
@@ -252,7 +254,7 @@ class _EagerGraph:
         self.replay = fn
 
 
-def _capture_eagerly(stage, device, pool) -> None:
+def _capture_eagerly(stage, device, pool, capture_stream) -> None:
     """`_Stage.capture`'s protocol without CUDA: the two warm-up runs, the stand-in graph, its first replay."""
     for _ in range(2):
         stage.fn()

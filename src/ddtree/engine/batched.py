@@ -143,7 +143,7 @@ class _Stage:
     def __init__(self, name: str, fn: Callable[[], None]) -> None:
         self.name, self.fn, self.graph = name, fn, None
 
-    def capture(self, device: torch.device, pool) -> None:
+    def capture(self, device: torch.device, pool, capture_stream: torch.cuda.Stream) -> None:
         stream = torch.cuda.Stream(device=device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
@@ -151,7 +151,7 @@ class _Stage:
                 self.fn()
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
             self.fn()
         self.graph = graph
         graph.replay()  # fills the static outputs, which the next stage's warm-up reads
@@ -246,6 +246,12 @@ class BatchedEngine:
         # (`triton_attention.counter_lane`: sharing the rounds' raced them, session 18).
         self._prefill_stream = torch.cuda.Stream(device=dev) if self.use_graphs and self.prefill_buckets else None
         self._prefill_pool = torch.cuda.graph_pool_handle() if self._prefill_stream is not None else None
+        # ... and a cuBLAS workspace of their own: torch keys the cuBLAS(Lt) workspace by (handle, stream) and a
+        # graph keeps its capture stream's, so graphs that may run at the same time are captured on two streams
+        # (by default every graph is captured on one shared stream, and the prefill's GEMMs raced the rounds' in
+        # one workspace, session 19). The two come from different priority pools, so they cannot be one stream.
+        self._capture_streams = ((torch.cuda.Stream(device=dev), torch.cuda.Stream(device=dev, priority=-1))
+                                 if self.use_graphs else None)
         # prefilled: the staging cache holds the next admission (side stream); landed: the last admission has left
         # the staging cache and its logits (rounds' stream), so the next prefill may overwrite them
         self._prefilled = torch.cuda.Event() if self._prefill_stream is not None else None
@@ -882,7 +888,7 @@ class BatchedEngine:
             self._admit_row(inputs[length:], prog["logits"])
 
         prog["forward"], prog["land"] = _Stage("prefill", forward), _Stage("land", land)
-        self._capture(prog["forward"], pool=self._prefill_pool)
+        self._capture(prog["forward"], prefill=self._prefill_stream is not None)
         self._capture(prog["land"])
         self._prefills[key] = prog
         return prog
@@ -916,15 +922,17 @@ class BatchedEngine:
             for stage in stages:
                 stage()
 
-    def _capture(self, stage: _Stage, *, pool: Any = None) -> None:
-        """CUDA: capture the stage (in the rounds' memory pool unless `pool` names another). Its warm-up runs
+    def _capture(self, stage: _Stage, *, prefill: bool = False) -> None:
+        """CUDA: capture the stage: in the rounds' memory pool on the rounds' capture stream, or for the prefill's
+        forward (`prefill`) in the prefill stream's pool on a capture stream of its own. Its warm-up runs
         execute it for real, so the rows' state is restored after (the other writes land in cache rows at or beyond
         `committed`, which nothing reads). Eager: nothing."""
         if not self.use_graphs:
             return
         saved = [t.clone() for t in self._state_tensors()]
         with torch.no_grad():
-            stage.capture(self.device, self._pool if pool is None else pool)
+            rounds, side = self._capture_streams or (None, None)  # None: torch's default capture stream
+            stage.capture(self.device, self._prefill_pool if prefill else self._pool, side if prefill else rounds)
         for t, s in zip(self._state_tensors(), saved):
             t.copy_(s)
 
