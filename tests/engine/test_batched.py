@@ -184,31 +184,6 @@ def test_cuda_graph_rounds_equal_eager_rounds(tiny_pair, prompts, method, budget
             assert [x.output_ids for x in a] == [x.output_ids for x in c]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the prefill stream needs a GPU")
-@pytest.mark.parametrize("method,budget", [("dflash", 1), ("ddtree", 16)])
-def test_prefills_beside_the_rounds_equal_eager_admissions(tiny_pair, prompts, method, budget):
-    """Under graphs a prompt is prefilled on a stream of its own while the round in flight runs, and lands in its row
-    on the rounds' stream. Many short requests (an admission after nearly every round, several at once, prompts of
-    two length buckets and one beyond them, greedy and seeded sampled) decode as an eager engine does them."""
-    # max_seq_len 400: prefill buckets 64, 128 and 256, and room for a prompt beyond them
-    graphed, eager = (BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, max_seq_len=400, device="cuda",
-                                    dtype=torch.float32, cuda_graphs=graphs) for graphs in (True, False))
-    assert graphed.prefill_buckets == (64, 128, 256)
-    assert graphed.overlap and graphed._prefill_stream is not None and graphed._prefill_pool != graphed._pool
-    rounds, side = graphed._capture_streams  # one cuBLAS workspace each (torch keys it by stream)
-    assert rounds.cuda_stream != side.cuda_stream
-    graphed.warmup([(method, budget)])
-    long_prompt = (prompts[1] * 12)[:90]  # bucket 128
-    beyond = (prompts[0] * 200)[:300]  # beyond the largest bucket: the direct prefill, on the rounds' stream
-    cases = [prompts[i % 5] if i % 4 else long_prompt for i in range(23)] + [beyond]
-    for sampling in ({}, {"temperature": 0.9, "seed": 5}):
-        requests = [GenerationRequest(input_ids=p, max_new_tokens=1 + i % 4, **sampling) for i, p in enumerate(cases)]
-        a = graphed.generate_batch(requests, method=method, budget=budget)
-        b = eager.generate_batch(requests, method=method, budget=budget)
-        assert [x.output_ids for x in a] == [x.output_ids for x in b]
-        assert graphed.num_active == 0
-
-
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="CUDA streams, events and pinned buffers need a GPU"))])
 @pytest.mark.parametrize("method,budget", CONFIGS)
@@ -254,7 +229,7 @@ class _EagerGraph:
         self.replay = fn
 
 
-def _capture_eagerly(stage, device, pool, capture_stream) -> None:
+def _capture_eagerly(stage, device, pool) -> None:
     """`_Stage.capture`'s protocol without CUDA: the two warm-up runs, the stand-in graph, its first replay."""
     for _ in range(2):
         stage.fn()

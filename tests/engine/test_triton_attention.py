@@ -154,28 +154,8 @@ def test_split_tickets_return_to_zero_so_launches_can_repeat():
         q, keys, values, vis = _case_inputs(b, t + seed_shift, h, kv, d, capacity, kind)
         got = triton_attention.tree_attention(q, keys, values, vis.context_len, vis.own_start, vis.own_mask, launch)
         torch.testing.assert_close(got, _reference(q, keys, values, vis), atol=2e-4, rtol=2e-4)
-        counters = triton_attention._COUNTERS[(q.device, "rounds")]
+        counters = triton_attention._COUNTERS[q.device]
         assert int(counters.abs().sum()) == 0
-
-
-@needs_kernel
-def test_a_counter_lane_gives_launches_tickets_of_their_own():
-    """Launches inside `counter_lane` (the engine's prefill stream) take a ticket buffer apart from the rounds'
-    lane, so split launches on two streams never share tickets; outside it the default lane comes back."""
-    b, t, h, kv, d, capacity, kind = CASES[3]
-    launch = triton_attention.Launch(16, 16, 4)
-    q, keys, values, vis = _case_inputs(b, t, h, kv, d, capacity, kind)
-    args = (q, keys, values, vis.context_len, vis.own_start, vis.own_mask, launch)
-    triton_attention.tree_attention(*args)
-    rounds = triton_attention._COUNTERS[(q.device, "rounds")]
-    with triton_attention.counter_lane("prefill"):
-        got = triton_attention.tree_attention(*args)
-    prefill = triton_attention._COUNTERS[(q.device, "prefill")]
-    assert prefill.data_ptr() != rounds.data_ptr()
-    torch.testing.assert_close(got, _reference(q, keys, values, vis), atol=2e-4, rtol=2e-4)
-    assert int(prefill.abs().sum()) == 0
-    triton_attention.tree_attention(*args)
-    assert triton_attention._COUNTERS[(q.device, "rounds")].data_ptr() == rounds.data_ptr()
 
 
 @needs_kernel
@@ -301,4 +281,4 @@ def test_kernel_tests_under_the_interpreter():
     """CPU CI has no GPU: run this file's kernel tests in a child process under Triton's interpreter (which must be
     set before triton is imported), so a change to the kernel is checked against the reference on every CI run."""
     done = pytest_under_interpreter(__file__, "kernel_equals or explicit_launch or ignores_rows or tickets or qkv_epilogue")
-    assert done.returncode == 0 and "45 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0 and "44 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]

@@ -52,7 +52,7 @@ from ddtree.core.verify import (
     verify_greedy,
     walk,
 )
-from ddtree.engine import triton_attention, triton_round
+from ddtree.engine import triton_round
 from ddtree.engine.chain import build_chain, chain_parents
 from ddtree.engine.checks import check_budget, check_method, check_request_fields, resolve_dtype
 from ddtree.engine.fast_model import FusedDecoder, StaticDrafter, Visibility, family_of, round_up
@@ -143,7 +143,7 @@ class _Stage:
     def __init__(self, name: str, fn: Callable[[], None]) -> None:
         self.name, self.fn, self.graph = name, fn, None
 
-    def capture(self, device: torch.device, pool, capture_stream: torch.cuda.Stream) -> None:
+    def capture(self, device: torch.device, pool) -> None:
         stream = torch.cuda.Stream(device=device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
@@ -151,7 +151,7 @@ class _Stage:
                 self.fn()
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
+        with torch.cuda.graph(graph, pool=pool):
             self.fn()
         self.graph = graph
         graph.replay()  # fills the static outputs, which the next stage's warm-up reads
@@ -238,24 +238,6 @@ class BatchedEngine:
         self.staged_prefill = self.use_graphs if prefill_graphs is None else bool(prefill_graphs)
         self.prefill_buckets = prefill_buckets(self.max_seq_len) if self.staged_prefill else ()
         self._prefills: dict[tuple[int, bool], dict[str, Any]] = {}
-        # Under graphs the staged prefill's forward runs on a stream of its own, beside the round in flight: at 8
-        # concurrent requests of the 27M `gpu` pair an admission cost the device 0.43-0.57 ms in line with the
-        # rounds, most of a round (`benchmarks/engine/churn_cost.py`). Only the landing (staging -> slot, the row's
-        # state) runs on the rounds' stream. Its graphs get a memory pool of their own (graphs of one pool assume
-        # they never run at the same time: they share scratch) and split-attention tickets of their own
-        # (`triton_attention.counter_lane`: sharing the rounds' raced them, session 18).
-        self._prefill_stream = torch.cuda.Stream(device=dev) if self.use_graphs and self.prefill_buckets else None
-        self._prefill_pool = torch.cuda.graph_pool_handle() if self._prefill_stream is not None else None
-        # ... and a cuBLAS workspace of their own: torch keys the cuBLAS(Lt) workspace by (handle, stream) and a
-        # graph keeps its capture stream's, so graphs that may run at the same time are captured on two streams
-        # (by default every graph is captured on one shared stream, and the prefill's GEMMs raced the rounds' in
-        # one workspace, session 19). The two come from different priority pools, so they cannot be one stream.
-        self._capture_streams = ((torch.cuda.Stream(device=dev), torch.cuda.Stream(device=dev, priority=-1))
-                                 if self.use_graphs else None)
-        # prefilled: the staging cache holds the next admission (side stream); landed: the last admission has left
-        # the staging cache and its logits (rounds' stream), so the next prefill may overwrite them
-        self._prefilled = torch.cuda.Event() if self._prefill_stream is not None else None
-        self._landed = torch.cuda.Event() if self._prefill_stream is not None else None
         if self.prefill_buckets:
             top = self.prefill_buckets[-1]
             self.staging_target = target.allocate_cache(1, top)
@@ -738,7 +720,7 @@ class BatchedEngine:
     def _prefill(self, row: int, request: GenerationRequest, *, with_drafter: bool) -> None:
         """Target forward over the prompt into `row`'s slot, the drafter context of the prompt, the row's state
         (`_admit_row`), the first token (into `bonus[row]`). Staged: one host-to-device copy (from pinned memory,
-        so it does not wait for a round in flight) and two replays under graphs (`_staged_prefill`)."""
+        so it does not wait for a round in flight) and one replay under graphs."""
         p = len(request.input_ids)
         with_drafter = with_drafter and self.drafter is not None
         length = next((x for x in self.prefill_buckets if x >= p), None)
@@ -748,43 +730,25 @@ class BatchedEngine:
         host[:p] = torch.tensor(request.input_ids, dtype=torch.int64)
         host[width : width + 4] = torch.tensor([p - 1, row, int(request.top_k), seed], dtype=torch.int64)
         host[width + 4 :].view(torch.float32)[:] = torch.tensor([request.temperature, request.top_p])
-        if length is not None:  # staged: padded to the bucket, two replays under graphs
-            logits = self._staged_prefill(self._prefill_program(length, with_drafter, row=row), host)
+        if length is not None:  # staged: padded to the bucket, one replay under graphs
+            prog = self._prefill_program(length, with_drafter, row=row)
+            self._copy_in(prog["inputs"], host)
+            prog["stage"]()
+            logits = prog["logits"]
         else:  # straight into the slot: the CPU, and prompts beyond the largest bucket
             inputs = host.to(self.device)
             logits = self._prefill_forward(inputs[:p].unsqueeze(0), inputs[p : p + 1], self.target_cache,
                                            self.drafter_cache if with_drafter else None, slot=row)
             self._admit_row(inputs[p:], logits)
-        if request.temperature != 0:  # else the argmax `_admit_row` wrote
-            # a sampled first token: counter 0 of the row's coin key (the rounds use 1, 2, ...)
-            dev = self.device
-            params = SamplingParams(temperature=float(request.temperature), top_k=int(request.top_k),
-                                    top_p=float(request.top_p))
-            coins = keyed_uniforms(self.coin_key[row : row + 1], torch.zeros(1, dtype=torch.int64, device=dev),
-                                   column_keys(1, dev))
-            self.bonus[row : row + 1].copy_(pick_tokens(logits[:, 0], params, coins))
-        if self._landed is not None:
-            self._landed.record()  # after the last read of the staging cache and the logits
-
-    def _staged_prefill(self, prog: dict[str, Any], host: torch.Tensor) -> torch.Tensor:
-        """Prompt `host` (tokens padded to the program's length, then the admission fields) into the staging
-        cache, then landed in its row; returns the prompt's last logits [1, 1, V]. Under graphs the forward runs on
-        the prefill stream, after the previous admission has landed and beside the rounds in flight; the rounds'
-        stream waits for it only where the landing starts (the next round comes after the landing)."""
-        side = self._prefill_stream
-        if side is None:
-            self._copy_in(prog["inputs"], host)
-            prog["forward"]()
-            prog["land"]()
-            return prog["logits"]
-        with torch.cuda.stream(side):
-            side.wait_event(self._landed)
-            self._copy_in(prog["inputs"], host)
-            prog["forward"]()
-            self._prefilled.record()
-        torch.cuda.current_stream(self.device).wait_event(self._prefilled)
-        prog["land"]()
-        return prog["logits"]
+        if request.temperature == 0:
+            return  # the argmax `_admit_row` wrote
+        # a sampled first token: counter 0 of the row's coin key (the rounds use 1, 2, ...)
+        dev = self.device
+        params = SamplingParams(temperature=float(request.temperature), top_k=int(request.top_k),
+                                top_p=float(request.top_p))
+        coins = keyed_uniforms(self.coin_key[row : row + 1], torch.zeros(1, dtype=torch.int64, device=dev),
+                               column_keys(1, dev))
+        self.bonus[row : row + 1].copy_(pick_tokens(logits[:, 0], params, coins))
 
     def _copy_in(self, dst: torch.Tensor, host: torch.Tensor) -> None:
         """dst (on the device) <- host. On CUDA through the next of a ring of pinned buffers, so the copy waits for
@@ -852,19 +816,16 @@ class BatchedEngine:
         return logits
 
     def _prefill_program(self, length: int, with_drafter: bool, *, row: int) -> dict[str, Any]:
-        """The staged prefill of one length bucket, two stages: `forward`, inputs [L + ADMIT_FIELDS] (tokens, then
-        `_admit_row`'s fields: last index, destination row, ...) -> the staging caches and logits [1, 1, V] (the
-        prefill stream's pool under graphs); `land`, the staging caches -> rows [0, L) of the destination slot, the
-        row's state. Captured on first use with `row` (a free row: the landing's warm-up runs write it) as the
-        destination."""
+        """The staged prefill of one length bucket: inputs [L + ADMIT_FIELDS] (tokens, then `_admit_row`'s fields:
+        last index, destination row, ...) -> the staging caches -> rows [0, L) of the destination slot, the row's
+        state; logits [1, 1, V]. Captured on first use with `row` (a free row: the capture's warm-up runs write
+        it) as the destination."""
         key = (length, with_drafter)
         prog = self._prefills.get(key)
         if prog is not None:
             return prog
         if self.use_graphs and self._active:
             log.warning("capturing the prefill of length %d during serving", length)
-        if self._prefill_stream is not None:  # a capture may take scratch a running prefill of this pool uses
-            self._prefill_stream.synchronize()
         inputs = torch.zeros(length + ADMIT_FIELDS, dtype=torch.int64, device=self.device)
         inputs[length + 1] = row
         pairs = [(self.target_cache, self.staging_target)]
@@ -872,24 +833,18 @@ class BatchedEngine:
             pairs.append((self.drafter_cache, self.staging_drafter))
         prog = {"inputs": inputs}
 
-        def forward() -> None:
+        def prefill() -> None:
             tokens, last = inputs[:length].unsqueeze(0), inputs[length : length + 1]
-            # split-attention tickets apart from the rounds' (the graph keeps this lane's buffer): this forward
-            # runs on the prefill stream while a round's attention launches run on theirs
-            with triton_attention.counter_lane("prefill"):
-                prog["logits"] = self._prefill_forward(tokens, last, self.staging_target,
-                                                       self.staging_drafter if with_drafter else None, slot=0)
-
-        def land() -> None:
             dst = inputs[length + 1 : length + 2]
+            prog["logits"] = self._prefill_forward(tokens, last, self.staging_target,
+                                                   self.staging_drafter if with_drafter else None, slot=0)
             for cache, staging in pairs:
                 for whole, staged in ((cache.keys, staging.keys), (cache.values, staging.values)):
                     whole[:, :, :, :length].index_copy_(1, dst, staged[:, :, :, :length])
             self._admit_row(inputs[length:], prog["logits"])
 
-        prog["forward"], prog["land"] = _Stage("prefill", forward), _Stage("land", land)
-        self._capture(prog["forward"], prefill=self._prefill_stream is not None)
-        self._capture(prog["land"])
+        prog["stage"] = _Stage("prefill", prefill)
+        self._capture(prog["stage"])
         self._prefills[key] = prog
         return prog
 
@@ -922,17 +877,14 @@ class BatchedEngine:
             for stage in stages:
                 stage()
 
-    def _capture(self, stage: _Stage, *, prefill: bool = False) -> None:
-        """CUDA: capture the stage: in the rounds' memory pool on the rounds' capture stream, or for the prefill's
-        forward (`prefill`) in the prefill stream's pool on a capture stream of its own. Its warm-up runs
-        execute it for real, so the rows' state is restored after (the other writes land in cache rows at or beyond
-        `committed`, which nothing reads). Eager: nothing."""
+    def _capture(self, stage: _Stage) -> None:
+        """CUDA: capture the stage. Its warm-up runs execute it for real, so the rows' state is restored after
+        (the other writes land in cache rows at or beyond `committed`, which nothing reads). Eager: nothing."""
         if not self.use_graphs:
             return
         saved = [t.clone() for t in self._state_tensors()]
         with torch.no_grad():
-            rounds, side = self._capture_streams or (None, None)  # None: torch's default capture stream
-            stage.capture(self.device, self._prefill_pool if prefill else self._pool, side if prefill else rounds)
+            stage.capture(self.device, self._pool)
         for t, s in zip(self._state_tensors(), saved):
             t.copy_(s)
 
@@ -1026,7 +978,7 @@ class BatchedEngine:
             hidden = self.drafter.forward_block(embeds, committed.unsqueeze(1) + offsets, committed.clone(),
                                                 self.drafter_cache)
             # logits of the whole block, the bonus row's dropped after: cuBLAS tiled the B x D rows of a Qwen3-8B
-            # lm_head 16 at a time (8 weight passes, 3.5 ms at B = 8 on an H100, session 18), B x block rows as one
+            # lm_head 16 at a time (8 weight passes: the draft took 4.4 ms at B = 8 on an H100, 1.5 ms this way)
             self._draft_logits[b] = torch.nn.functional.linear(hidden, self.target.lm_head)[:, 1:]  # [B, D, V]
 
         stage = self._draft_stages[b] = _Stage("draft", draft)

@@ -23,9 +23,6 @@ g + g - 1 share K/V head kvh (Hugging Face's repeat_kv order).
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -114,36 +111,21 @@ def launch_rule(batch: int, kv_heads: int, query_rows: int, capacity: int, sms: 
     return Launch(64, 64, 1, num_warps=4, num_stages=stages)
 
 
-_COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
 _OUTGROWN: list[torch.Tensor] = []
-_LANE = threading.local()  # the counter lane of the calling thread's launches (`counter_lane`)
-
-
-@contextmanager
-def counter_lane(name: str) -> Iterator[None]:
-    """Split launches made inside use the ticket buffer of lane `name` (default lane: "rounds"). Launches on one
-    stream may share a buffer (each leaves its tickets at zero, and they run one after another); launches that
-    may run at the same time on two streams must not: the engine prefills on a stream of its own beside the
-    rounds, so its prefill launches take a lane of their own. A CUDA graph keeps the buffer its capture used."""
-    previous = getattr(_LANE, "name", "rounds")
-    _LANE.name = name
-    try:
-        yield
-    finally:
-        _LANE.name = previous
 
 
 def _split_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """Zeroed int32 tickets, one per output tile, shared by every split launch of one lane on `device`
-    (`counter_lane`). Grown (never shrunk) on demand; the engine's eager warm-up reaches every shape before any
-    graph capture, so a capture only ever sees the buffer already allocated."""
-    key = (device, getattr(_LANE, "name", "rounds"))
-    buf = _COUNTERS.get(key)
+    """Zeroed int32 tickets, one per output tile, shared by every split launch on `device`: each launch leaves
+    its tiles' tickets at zero again, and launches on one stream run one after another. Grown (never shrunk)
+    on demand; the engine's eager warm-up reaches every shape before any graph capture, so a capture only
+    ever sees the buffer already allocated."""
+    buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < tiles:
         if buf is not None:
             _OUTGROWN.append(buf)  # a captured graph may still point at it
         buf = torch.zeros(max(tiles, 4096), device=device, dtype=torch.int32)
-        _COUNTERS[key] = buf
+        _COUNTERS[device] = buf
     return buf
 
 
