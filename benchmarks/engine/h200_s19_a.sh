@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Its engine change (the prefill stream) was reverted after this call (5b9d1c4); the code it ran is 3aedf73.
 # Session 19, first GPU command (machine starts were being refused: everything in one call): the staged prefill on a
 # stream of its own with split-attention tickets of its own (`triton_attention.counter_lane`), and the draft's lm_head
 # over the whole block.

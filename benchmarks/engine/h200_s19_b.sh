@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Its engine change (the prefill stream, own capture stream) was reverted after this call (5b9d1c4); the code it ran is c93c318.
 # Session 19, second GPU command (~10 minutes of device time left): call A's CUDA tests failed (8 of 58: graph !=
 # eager, even for `ar`): every graph was captured on torch's one default capture stream, so the prefill's GEMMs and
 # the round's shared one cuBLAS workspace. Now the prefill's forward is captured on a stream of its own. Beside a
