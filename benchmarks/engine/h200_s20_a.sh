@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | t
 OUT=/tmp/train_out timeout -k 5 360 python3 benchmarks/gpu_pair/train_and_eval.py --pair-dir /tmp/gpu-pair \
     --eval-prompts 16 --budgets 16,32,64 --max-minutes 5.0 --eval-deadline-s 330 > /tmp/train.log 2>&1
 echo "train rc=$?"
-grep -E "^pair|target :|drafter:|tau|entropy" /tmp/train.log | tee "$OUT/train.txt"
+cat /tmp/train_out/table.txt | tee "$OUT/train.txt"; tail -3 /tmp/train.log
 cp /tmp/train_out/status.json "$OUT/train_status.json" 2>/dev/null
 wait; grep -E "^FAILED" "$OUT/cuda_tests.txt"; tail -2 "$OUT/cuda_tests.txt"
 left=$((${END_S:-585} - SECONDS))
