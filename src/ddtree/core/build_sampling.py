@@ -9,6 +9,9 @@ possible nodes cannot; among themselves they keep the drafter's raw order. Greed
 the raw logits: the tree at T = 0 is the raw tree.
 
 It is a tree-choice policy only: the verify is unchanged, so losslessness is untouched.
+
+`tree_logit_scale` is the default policy of every engine for sampled rows: the raw draft logits divided by the
+tree temperature 1 + T before the build (processing them like the target's, above, stays an experiment option).
 """
 
 from __future__ import annotations
@@ -21,6 +24,18 @@ from ddtree.core.sampling import SamplingParams, process_logits
 
 # log of the smallest positive fp32 number (a denormal): no possible token has a log-probability below it
 MIN_LOG_PROB = math.log(torch.finfo(torch.float32).smallest_normal) - 23 * math.log(2.0)  # about -103.28
+
+
+def tree_logit_scale(temperature: torch.Tensor | float) -> torch.Tensor | float:
+    """1 / (1 + T), elementwise: the factor a request's draft logits are multiplied by before its tree is built.
+
+    A sampled verify accepts a drafted token with about the target's T-tempered probability of it, while a DFlash
+    drafter trained on its target's greedy text predicts the greedy token: its marginals are sharper than what the
+    verify accepts from at T > 0, and flattened they rank wider trees first. The tree temperature 1 + T is the best
+    of a sweep on the shipped small pair (`benchmarks/tree_temperature.py`; at T = 1 and budget 32 the expected
+    tau rose from 1.42 to 1.57). Greedy rows (T = 0) get 1: their trees are unchanged. A tree-choice policy only
+    (the verify is unchanged), so losslessness is untouched."""
+    return 1.0 / (1.0 + temperature)
 
 
 def impossible_floor(depth: int) -> float:

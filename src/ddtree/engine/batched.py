@@ -39,6 +39,7 @@ import torch
 from ddtree import switches
 from ddtree.core.attention import ancestor_mask
 from ddtree.core.build import build_tree_capturable, build_tree_flagged, prepare_build
+from ddtree.core.build_sampling import tree_logit_scale
 from ddtree.core.checks import canonical_device
 from ddtree.core.sampling import SamplingParams, processed_weights
 from ddtree.core.types import DDTreeBuildResult, VerifyResult
@@ -253,6 +254,10 @@ class BatchedEngine:
         self.temperature = torch.zeros(m, dtype=torch.float32, device=dev)
         self.top_k = torch.full((m,), -1, **i64)
         self.top_p = torch.ones(m, dtype=torch.float32, device=dev)
+        # the draft logits' factor before the tree build (`tree_logit_scale`: 1 / (1 + T), 1 for greedy rows), applied
+        # to the drafter's last hidden state: one [B, D, H] product instead of one over the [B, D, V] logits
+        self.draft_scale = torch.ones(m, dtype=self.dtype, device=dev)
+        self._raw_sampled_trees = switches.current().raw_sampled_trees
         self.coin_key = torch.zeros(m, **i64)  # request_keys(seed) of each row's request: its coins' key
         self.counter = torch.zeros(m, **i64)
         self.out_tokens = torch.full((m, b), -1, **i64)
@@ -676,6 +681,7 @@ class BatchedEngine:
             t.index_fill_(0, index, 0)
         self.active_rows.index_fill_(0, index, False)
         self.temperature.index_fill_(0, index, 0.0)
+        self.draft_scale.index_fill_(0, index, 1.0)
         self.top_k.index_fill_(0, index, -1)
         self.top_p.index_fill_(0, index, 1.0)
 
@@ -710,7 +716,7 @@ class BatchedEngine:
     def _state_tensors(self) -> list[torch.Tensor]:
         """Per-row state (moved with a row); the output buffers are rewritten every round."""
         return [self.committed, self.bonus, self.pending, self.pending_len, self.active_rows, self.temperature,
-                self.top_k, self.top_p, self.coin_key, self.counter]
+                self.draft_scale, self.top_k, self.top_p, self.coin_key, self.counter]
 
     def _reset_rows(self, rows: Iterable[int]) -> None:
         rows = list(rows)
@@ -795,6 +801,8 @@ class BatchedEngine:
         self.pending_len.index_fill_(0, row, 0)
         self.active_rows.index_fill_(0, row, True)
         self.temperature.index_copy_(0, row, floats[0:1])
+        if not self._raw_sampled_trees:
+            self.draft_scale.index_copy_(0, row, tree_logit_scale(floats[0:1]).to(self.dtype))
         self.top_k.index_copy_(0, row, fields[2:3])
         self.top_p.index_copy_(0, row, floats[1:2])
         self.coin_key.index_copy_(0, row, request_keys(fields[3:4]))
@@ -977,6 +985,7 @@ class BatchedEngine:
             embeds = torch.nn.functional.embedding(block_ids, self.target.embed)
             hidden = self.drafter.forward_block(embeds, committed.unsqueeze(1) + offsets, committed.clone(),
                                                 self.drafter_cache)
+            hidden = hidden * self.draft_scale[:b].view(b, 1, 1)  # sampled rows' tree temperature (argmax unchanged)
             # logits of the whole block, the bonus row's dropped after: cuBLAS tiled the B x D rows of a Qwen3-8B
             # lm_head 16 at a time (8 weight passes: the draft took 4.4 ms at B = 8 on an H100, 1.5 ms this way)
             self._draft_logits[b] = torch.nn.functional.linear(hidden, self.target.lm_head)[:, 1:]  # [B, D, V]

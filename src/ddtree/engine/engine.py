@@ -28,7 +28,9 @@ from typing import Any
 import torch
 
 from ddtree.core.attention import tree_attention
+from ddtree import switches
 from ddtree.core.build import build_tree
+from ddtree.core.build_sampling import tree_logit_scale
 from ddtree.core.entropy import processed_entropy
 from ddtree.core.lossy_verifiers import get_verifier
 from ddtree.core.sampling import SamplingParams, process_logits
@@ -86,8 +88,10 @@ class DecodingEngine:
         # sampling verifier by name (ddtree.core.lossy_verifiers: "exact", or a lossy one for the power panel)
         self.verifier = verifier
         self._verify_sampling = get_verifier(verifier)
-        # build sampled-request trees on the drafter marginals processed like the target's (core/build_sampling)
+        # build sampled-request trees on the drafter marginals processed like the target's (core/build_sampling);
+        # otherwise on the raw draft logits at the tree temperature 1 + T (`tree_logit_scale`), as the batched engine
         self.tree_sampling = bool(tree_sampling)
+        self._raw_sampled_trees = switches.current().raw_sampled_trees
         self.method = method
         self.budget = int(budget)
         target = pair.target
@@ -284,6 +288,8 @@ class DecodingEngine:
 
             # 2. tree_build
             tree_params = params if self.tree_sampling and not greedy else None
+            if method == "ddtree" and not greedy and not self.tree_sampling and not self._raw_sampled_trees:
+                draft_logits = draft_logits * tree_logit_scale(params.temperature)
             tree = build_tree(draft_logits, budget, sampling=tree_params) if method == "ddtree" else build_chain(draft_logits)
             clock.lap("tree_build")
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ddtree.core.attention import ancestor_mask
+from ddtree.core.build_sampling import tree_logit_scale
 from ddtree.core.types import DDTreeBuildResult
 
 
@@ -94,6 +95,15 @@ def verify_mask(parents: torch.Tensor, seq_lens: torch.Tensor, numel: int) -> to
     flat = start.view(b, 1, 1) + rows * width.view(b, 1, 1) + lens.view(b, 1, 1) + cols  # [B, N, N]
     mask[flat.reshape(-1)] = tree.reshape(-1)
     return mask
+
+
+def tempered_draft_logits(draft_logits: torch.Tensor, temperatures: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
+    """draft_logits [B, D, V] at each request's tree temperature (`tree_logit_scale`), from SGLang's sampling fields
+    (temperatures [B, 1] or [B], top_ks [B]). SGLang marks a greedy request by top_k <= 1 (its temperature is then
+    1.0): such rows keep their logits, so their trees are the raw ones."""
+    rows = draft_logits.shape[0]
+    temperature = torch.where(top_ks.view(-1) <= 1, 0.0, temperatures.view(-1).float())[:rows]  # [B]
+    return draft_logits * tree_logit_scale(temperature).to(draft_logits.dtype).view(rows, 1, 1)
 
 
 def merge_rows(greedy_rows: torch.Tensor, greedy: KernelOutputs, sampled: KernelOutputs) -> KernelOutputs:

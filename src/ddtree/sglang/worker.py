@@ -7,7 +7,8 @@ batches are DFlash's own path. One decode round:
 1. draft: the drafter's one block forward over `[bonus, mask, ...]` (block columns of the verify window),
    its hidden states x the target's lm_head -> draft logits [B, D, V];
 2. build: `ddtree.core.build.build_tree` on the device (batch padded to a power of two, so the tree-build
-   graphs captured at start-up cover every batch), then `encode_retrieve`;
+   graphs captured at start-up cover every batch; sampled rows' logits at the tree temperature 1 + T, as in
+   the reference engine), then `encode_retrieve`;
 3. verify: ONE target forward over the N = budget + 1 tree tokens, positions prefix + depth, the
    ancestor-only mask (`glue.verify_mask`), the N-column window as out_cache_loc;
 4. accept: greedy rows (top_k <= 1) through SGLang's greedy tree kernel on the argmax, sampled rows through
@@ -56,6 +57,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 from sglang.srt.speculative.spec_utils import draft_tp_context, move_accept_tokens_to_target_kvcache
 
+from ddtree import switches
 from ddtree.core.build import build_tree
 from ddtree.core.retrieve import encode_retrieve
 from ddtree.core.types import DDTreeBuildResult
@@ -64,6 +66,7 @@ from ddtree.sglang.glue import (
     KernelOutputs,
     accepted_paths,
     merge_rows,
+    tempered_draft_logits,
     verify_candidates,
     verify_mask,
     verify_mask_numel,
@@ -297,6 +300,9 @@ class DDTreeWorker(DFlashWorkerV2):
 
         # 1) draft, 2) build
         draft_logits, bonus_in = self._draft_logits(batch, draft_input, prefix_lens, kv_loc_plan, bs)
+        info = batch.sampling_info
+        if info is not None and not info.is_all_greedy and not switches.current().raw_sampled_trees:
+            draft_logits = tempered_draft_logits(draft_logits, info.temperatures, info.top_ks)
         tree = self._build(draft_logits, bs)
         candidates = verify_candidates(tree, bonus_in)  # [B, N] int64
 
