@@ -1,8 +1,9 @@
-"""Raw vs processed tree choice (issue 14, item 3): tau and exact expected acceptance per sampling variant.
+"""Tree choice when sampling (issue 14, item 3): tau and exact expected acceptance per sampling variant and policy.
 
-The engine builds sampled requests' trees on the drafter's raw (T = 1) marginals by default, or with
-`tree_sampling=True` on the marginals processed like the target's (core/build_sampling.py). The verify is
-the same exact one, so only acceptance can change. Same prompts and request seeds for both policies.
+Three policies for sampled requests' trees, all with the same exact verify (only acceptance can change): `tempered`,
+the default (the draft logits divided by the tree temperature 1 + T, `core/build_sampling.tree_logit_scale`); `raw`,
+the draft logits as they are (`DDTREE_RAW_SAMPLED_TREES=1`, the default before session 20); `processed`, the
+drafter's marginals processed like the target's (`tree_sampling=True`). Same prompts and request seeds for all.
 
     PYTHONPATH=src python benchmarks/tree_sampling.py --model resources/models/embedded-small \
         --num-prompts 8 --samples 4 --max-new-tokens 64 --budget 16 [--device cuda --dtype bfloat16]
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ddtree import switches
 from ddtree.engine.engine import DecodingEngine
 from ddtree.engine.types import DEFAULT_MAX_NEW_TOKENS, GenerationRequest
 from ddtree.jsonl import read_jsonl
@@ -46,9 +48,12 @@ def main() -> None:
     pair = load_pair(args.model, device=args.device, dtype=getattr(torch, args.dtype))
     prompts = [pair.tokenizer(r["text"]).input_ids
                for r in read_jsonl(Path(args.model) / "prompts" / "heldout.jsonl")[: args.num_prompts]]
-    engines = {policy: DecodingEngine(pair, method="ddtree", budget=args.budget, device=args.device,
-                                      dtype=args.dtype, tree_sampling=policy == "processed")
-               for policy in ("raw", "processed")}
+    def engine(policy: str) -> DecodingEngine:
+        with switches.override(raw_sampled_trees=policy == "raw"):  # read when the engine is built
+            return DecodingEngine(pair, method="ddtree", budget=args.budget, device=args.device, dtype=args.dtype,
+                                  tree_sampling=policy == "processed")
+
+    engines = {policy: engine(policy) for policy in ("tempered", "raw", "processed")}
     rows = []
     print(f"{'variant':<10} {'policy':<9} {'tau':>6} {'E[tau]':>7} {'ms/tok':>7} {'requests':>8}")
     for name, t, k, p in VARIANTS:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddtree.core.build import build_tree
-from ddtree.core.build_sampling import MIN_LOG_PROB, impossible_floor, processed_draft_logprobs
+from ddtree.core.build_sampling import MIN_LOG_PROB, impossible_floor, processed_draft_logprobs, tree_logit_scale
 from ddtree.core.sampling import SamplingParams, process_logits
 
 FIELDS = ("token_ids", "parents", "depths", "node_logws", "num_nodes")
@@ -163,3 +163,12 @@ def test_cuda_matches_cpu(case) -> None:
         gpu = build_tree(logits.cuda(), budget, method=method, sampling=cuda_params)
         same_tree(gpu, build_tree(cuda_logprobs, budget, method=method))
         same_tree(gpu, build_tree(cuda_logprobs.cpu(), budget, method=method), logw_tol=1e-5)
+
+
+def test_tree_logit_scale_is_one_over_one_plus_t():
+    """Greedy rows keep their logits (factor exactly 1); sampled rows' are divided by 1 + T; floats and tensors."""
+    t = torch.tensor([0.0, 0.5, 1.0, 2.0])
+    assert torch.equal(tree_logit_scale(t), torch.tensor([1.0, 1 / 1.5, 0.5, 1 / 3]))
+    assert tree_logit_scale(0.0) == 1.0 and tree_logit_scale(1.0) == 0.5
+    logits = torch.randn(2, 3, 7)
+    assert torch.equal(logits * tree_logit_scale(0.0), logits)  # the greedy tree is bit for bit the raw one

@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+from ddtree import switches
 from ddtree.engine import GenerationRequest
 from ddtree.engine.batched import BatchedEngine, batch_buckets
 from ddtree.engine.engine import DecodingEngine
@@ -456,6 +457,7 @@ def test_admission_fields_and_row_retirement(pair, prompts):
         assert bool(staged.active_rows[row]) and int(staged.counter[row]) == 1 and int(staged.pending_len[row]) == 0
         assert float(staged.temperature[row]) == pytest.approx(request.temperature)
         assert int(staged.top_k[row]) == request.top_k and float(staged.top_p[row]) == pytest.approx(request.top_p)
+        assert float(staged.draft_scale[row]) == pytest.approx(1 / (1 + request.temperature))  # the tree temperature
         assert int(staged.bonus[row]) == staged._active[row].state.output_ids[0]
         assert int(staged.coin_key[row]) == int(request_keys(torch.tensor([request.seed]))[0])
         for a, b in zip(_row_state(staged, row), _row_state(direct, row)):
@@ -498,3 +500,21 @@ def test_committed_rows_are_prompt_plus_output_minus_one(pair, prompts, method, 
         engine.step()
         for row, entry in enumerate(engine._active):
             assert int(engine.committed[row]) == len(entry.request.input_ids) + len(entry.state.output_ids) - 1
+
+
+def test_sampled_rows_draft_at_the_tree_temperature(pair, prompts):
+    """The draft logits a round builds its trees from: a greedy row's are the raw ones bit for bit, a sampled row's
+    the raw ones divided by 1 + T; with DDTREE_RAW_SAMPLED_TREES every row's are raw. Same prompts, one eager round."""
+    def first_round_logits(**overrides) -> torch.Tensor:
+        with switches.override(**overrides):
+            engine = BatchedEngine(pair, budget=8, max_batch=2, overlap=False)
+        for temperature, ids in ((0.0, prompts[0]), (1.0, prompts[1])):
+            engine.admit(GenerationRequest(input_ids=ids, max_new_tokens=8, temperature=temperature, seed=3),
+                         method="ddtree", budget=8)
+        engine.step()
+        return engine._draft_logits[2].clone()  # [2, D, V]: the bucket of 2 rows
+
+    tempered, raw = first_round_logits(), first_round_logits(raw_sampled_trees=True)
+    assert torch.equal(tempered[0], raw[0])
+    torch.testing.assert_close(tempered[1], raw[1] / 2)
+    assert not torch.allclose(tempered[1], raw[1])

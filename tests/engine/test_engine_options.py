@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ddtree.engine.engine import DecodingEngine
 from ddtree.engine.types import GenerationRequest
@@ -44,3 +45,29 @@ def test_entropies_are_recorded_per_round(pair):
 
     assert max(sampled.entropies) <= math.log(vocab) + 1e-4
     assert DecodingEngine(pair, method="ar").generate(_request(1.0)).entropies == []
+
+
+def test_sampled_trees_are_built_at_the_tree_temperature(pair, monkeypatch):
+    """The Hugging Face engine builds a sampled request's tree on its draft logits divided by 1 + T, a greedy
+    request's on the raw ones, and every tree on the raw ones under DDTREE_RAW_SAMPLED_TREES."""
+    from ddtree import switches
+    from ddtree.engine import engine as engine_module
+
+    seen = []
+    real = engine_module.build_tree
+
+    def spy(draft_logits, budget, **kw):
+        seen.append(draft_logits.clone())
+        return real(draft_logits, budget, **kw)
+
+    monkeypatch.setattr(engine_module, "build_tree", spy)
+    firsts = {}
+    for policy, overrides in (("tempered", {}), ("raw", {"raw_sampled_trees": True})):
+        with switches.override(**overrides):
+            engine = DecodingEngine(pair, method="ddtree", budget=8)
+        for temperature in (0.0, 0.5):
+            seen.clear()
+            engine.generate(_request(temperature))
+            firsts[policy, temperature] = seen[0]  # the first round's: the same prefill, the same draft
+    assert torch.equal(firsts["tempered", 0.0], firsts["raw", 0.0])
+    torch.testing.assert_close(firsts["tempered", 0.5], firsts["raw", 0.5] / 1.5)

@@ -18,6 +18,7 @@ from ddtree.sglang.glue import (  # noqa: E402
     KernelOutputs,
     accepted_paths,
     merge_rows,
+    tempered_draft_logits,
     verify_candidates,
     verify_positions,
 )
@@ -160,3 +161,16 @@ def test_candidates_root_is_the_bonus_and_padding_is_a_valid_token():
     real = tree.parents >= 0
     assert torch.equal(cand[real], tree.token_ids[real])
     assert bool((cand >= 0).all() and (cand < VOCAB).all())
+
+
+def test_sampled_rows_draft_logits_at_the_tree_temperature():
+    """SGLang's fields: a greedy request has top_k 1 (temperature 1.0): its logits stay raw; a sampled one's are
+    divided by 1 + T, as in the reference engine (SGLang's normalised top_k: 1 << 30 for the whole vocabulary)."""
+    draft = torch.randn(3, BLOCK - 1, VOCAB, dtype=torch.bfloat16)
+    temperatures = torch.tensor([[1.0], [0.5], [1.0]])
+    top_ks = torch.tensor([1, 1 << 30, 20], dtype=torch.int32)
+    out = tempered_draft_logits(draft, temperatures, top_ks)
+    assert out.dtype == draft.dtype
+    assert torch.equal(out[0], draft[0])
+    torch.testing.assert_close(out[1], draft[1] / 1.5)
+    torch.testing.assert_close(out[2], draft[2] / 2)
