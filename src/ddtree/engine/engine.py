@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from ddtree.core.attention import tree_attention
 from ddtree import switches
+from ddtree.core.attention import tree_attention
 from ddtree.core.build import build_tree
 from ddtree.core.build_sampling import tree_logit_scale
 from ddtree.core.entropy import processed_entropy

@@ -90,6 +90,7 @@ class DDTreeWorker(DFlashWorkerV2):
         # DFlashWorkerV2 takes speculative_num_draft_tokens (= N here) as its block: restore the drafter's.
         self.tree_nodes = int(spec.speculative_num_draft_tokens)
         self.block_size = int(spec.speculative_dflash_block_size)
+        self._raw_sampled_trees = switches.current().raw_sampled_trees  # trees of sampled rows: raw, for measuring
         self.speculative_num_draft_tokens = self.block_size
         if self.selector is not None or self.lilicorr is not None or self._is_domino:
             raise ValueError("DDTREE: drafters with a candidate selector, LiLiCorr or Domino head are not supported")
@@ -301,7 +302,7 @@ class DDTreeWorker(DFlashWorkerV2):
         # 1) draft, 2) build
         draft_logits, bonus_in = self._draft_logits(batch, draft_input, prefix_lens, kv_loc_plan, bs)
         info = batch.sampling_info
-        if info is not None and not info.is_all_greedy and not switches.current().raw_sampled_trees:
+        if info is not None and not info.is_all_greedy and not self._raw_sampled_trees:
             draft_logits = tempered_draft_logits(draft_logits, info.temperatures, info.top_ks)
         tree = self._build(draft_logits, bs)
         candidates = verify_candidates(tree, bonus_in)  # [B, N] int64
