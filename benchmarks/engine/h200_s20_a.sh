@@ -8,11 +8,7 @@
 #   OUT=$OUT bash benchmarks/engine/h200_s20_a.sh      (carry .whl)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-mkdir -p "$OUT" /tmp/compile_cache
-[ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-export PYTHONPATH="$PWD/src:/tmp/site" PYTHONUNBUFFERED=1
-export TRITON_CACHE_DIR=/tmp/compile_cache/triton TORCHINDUCTOR_CACHE_DIR=/tmp/compile_cache/inductor
+source benchmarks/engine/device_env.sh
 python3 benchmarks/versions.py 2>&1 | tee "$OUT/versions.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$OUT/versions.txt"
 (timeout 300 python3 -m pytest -q tests/engine/test_batched.py tests/engine/test_scheduler.py \

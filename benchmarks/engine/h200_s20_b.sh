@@ -6,11 +6,7 @@
 #   OUT=$OUT bash benchmarks/engine/h200_s20_b.sh      (carry .whl; after h200_s20_a.sh on the same machine)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-mkdir -p "$OUT" /tmp/compile_cache
-[ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-export PYTHONPATH="$PWD/src:/tmp/site" PYTHONUNBUFFERED=1
-export TRITON_CACHE_DIR=/tmp/compile_cache/triton TORCHINDUCTOR_CACHE_DIR=/tmp/compile_cache/inductor
+source benchmarks/engine/device_env.sh
 [ -f /tmp/gpu-pair/manifest.json ] || { echo "no pair in /tmp/gpu-pair: call A's machine is gone"; exit 3; }
 OUT=/tmp/sweep timeout -k 10 ${SWEEP_S:-330} python3 benchmarks/gpu_pair/serve_sweep.py --pair /tmp/gpu-pair \
     --methods ar,dflash,ddtree --concurrency 8,1,16,2,4 --budgets 16,32,64 --max-new-tokens 128 --min-requests 16 \

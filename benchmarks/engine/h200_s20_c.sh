@@ -7,11 +7,7 @@
 #   OUT=$OUT bash benchmarks/engine/h200_s20_c.sh      (carry .whl)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-mkdir -p "$OUT" /tmp/compile_cache
-[ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-export PYTHONPATH="$PWD/src:/tmp/site" PYTHONUNBUFFERED=1
-export TRITON_CACHE_DIR=/tmp/compile_cache/triton TORCHINDUCTOR_CACHE_DIR=/tmp/compile_cache/inductor
+source benchmarks/engine/device_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/versions.txt"
 (timeout 200 python3 -m ddtree.cli bench engine --random-weights gpu-pair --budgets 32 --batch-sizes 1,8 \
     --rounds 5 > "$OUT/precompile.txt" 2>&1; echo "precompile rc=$?" >> "$OUT/precompile.txt") &

@@ -7,9 +7,7 @@
 #   OUT=$OUT bash benchmarks/engine/h200_s20_d.sh      (carry nothing)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-mkdir -p "$OUT" /tmp/compile_cache
-export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
-export TRITON_CACHE_DIR=/tmp/compile_cache/triton TORCHINDUCTOR_CACHE_DIR=/tmp/compile_cache/inductor
+source benchmarks/engine/device_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/versions.txt"
 (timeout 180 python3 -m ddtree.cli bench engine --random-weights gpu-pair --budgets 32,64 --batch-sizes 1 \
     --rounds 5 > "$OUT/precompile.txt" 2>&1; echo "precompile rc=$?" >> "$OUT/precompile.txt") &
