@@ -2,7 +2,7 @@
 # Session 22's reduced first call (only ~500 s of device time were left after refusals and one machine taken back
 # mid-run): the engine's CUDA tests with the tree temperature (never run on a GPU before) beside a shorter `gpu` pair
 # training (4 min, not 5), then the engine at batch 1 (T = 0 and 1, 128 new tokens) with the tree temperature only.
-# No server sweep. The full version is h200_s21_a.sh.
+# No server sweep. The full version is h200_s21_a.sh. Not run either: the session's device time ran out on refusals.
 #   OUT=$OUT bash benchmarks/engine/h100_s22_a.sh      (carry .whl)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
