@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in session 20 for the next GPU session (not yet run: session 21's seven calls and session 22's five were refused
+# Prepared in session 20 for the next GPU session (not yet run: session 21's seven calls and session 22's six were refused
 # a machine or lost it mid-run, H100 and H200 alike, so it is still the next GPU session's first call): the engine's CUDA tests with the tree temperature
 # (graph == eager and the round kernels, with T = 1 rows among them; session 20's call D ran it under CUDA graphs but
 # not these tests), beside a full training of the `gpu` pair; then the engine at batch 1
