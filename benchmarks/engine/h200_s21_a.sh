@@ -7,6 +7,8 @@
 # for the batch-1 T = 1 target (raw trees: 1.10x / 1.16x dflash in session 20); then the server at 8 requests (T = 0)
 # in the time left.
 #   OUT=$OUT bash benchmarks/engine/h200_s21_a.sh      (carry .whl)
+# With little device time left, the reduced run (a 4-minute training, the tree temperature only, no server):
+#   TRAIN_MINUTES=4 SIDES=new END_S=0 OUT=$OUT bash benchmarks/engine/h200_s21_a.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source benchmarks/engine/device_env.sh
@@ -15,11 +17,12 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/versi
     tests/engine/test_triton_round.py tests/engine/test_triton_attention.py \
     -k "cuda or round_kernels or equals_torch or prefills_beside or split or kernel" \
     > "$OUT/cuda_tests.txt" 2>&1; echo "cuda tests rc=$?" >> "$OUT/cuda_tests.txt") &
-OUT=/tmp/train_out timeout -k 5 360 python3 benchmarks/gpu_pair/train_and_eval.py --pair-dir /tmp/gpu-pair \
-    --eval-prompts 0 --max-minutes 5.0 > /tmp/train.log 2>&1
+train_minutes=${TRAIN_MINUTES:-5}
+OUT=/tmp/train_out timeout -k 5 $((train_minutes * 60 + 60)) python3 benchmarks/gpu_pair/train_and_eval.py \
+    --pair-dir /tmp/gpu-pair --eval-prompts 0 --max-minutes "$train_minutes" > /tmp/train.log 2>&1
 echo "train rc=$?"; cat /tmp/train_out/table.txt > "$OUT/train.txt" 2>/dev/null; cat "$OUT/train.txt"
 wait; grep -E "^FAILED" "$OUT/cuda_tests.txt"; tail -2 "$OUT/cuda_tests.txt"
-for side in new raw; do
+for side in ${SIDES:-new raw}; do
     raw=0; [ $side = raw ] && raw=1
     DDTREE_RAW_SAMPLED_TREES=$raw timeout 80 python3 -m ddtree.cli bench engine --model /tmp/gpu-pair \
         --num-prompts 12 --max-new-tokens 128 --budgets 32,64 --temperatures 0,1 --warmup-seconds 5 --repeats 2 \

@@ -32,7 +32,6 @@ NUM_PROMPTS = 6
 OUTPUT_LEN = 32
 CONCURRENCY = 2
 BUDGET = 16
-WITHIN_AN_ORDER_OF_MAGNITUDE = (0.1, 10.0)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +60,13 @@ def prompt_files(tiny_pair: Path, tmp_path_factory) -> tuple[Path, Path, list[st
     pipeline.write_text("".join(json.dumps({"id": str(i), "dataset": "heldout", "text": t}) + "\n"
                                 for i, t in enumerate(texts)))
     return custom, pipeline, texts
+
+
+def within_an_order_of_magnitude(ratio: float) -> bool:
+    """Wall-clock figures from two clients on a loaded 2-core runner (the Python SSE client competes with the
+    server for the CPU) differ by up to ~3x at ~1 ms per token, so their ratio only catches a unit slip (1000x)
+    and buffered streaming (TPOT near 0), not speed."""
+    return 0.1 < ratio < 10.0
 
 
 def bench_serving(url: str, backend: str, dataset: Path, out: Path) -> dict:
@@ -100,26 +106,21 @@ def test_bench_serving_agrees_with_the_server_and_the_pipeline_client(server: Se
     assert sorted(result["generated_texts"]) == sorted(p["text"] for p in plain)
     server_tpot_ms = [1e3 * p["meta_info"]["decode_time"] / (OUTPUT_LEN - 1) for p in plain]
     mean_server = sum(server_tpot_ms) / len(server_tpot_ms)
-    # Wall-clock figures from two clients on a loaded 2-core runner (the Python SSE client competes with the
-    # server for the CPU) differ by up to ~3x at ~1 ms per token, so this is an order-of-magnitude check: it
-    # catches a unit slip (1000x) and buffered streaming (TPOT near 0), not speed.
-    assert WITHIN_AN_ORDER_OF_MAGNITUDE[0] < result["mean_tpot_ms"] / mean_server < WITHIN_AN_ORDER_OF_MAGNITUDE[1], \
-        (result["mean_tpot_ms"], mean_server)
+    assert within_an_order_of_magnitude(result["mean_tpot_ms"] / mean_server), (result["mean_tpot_ms"], mean_server)
     # the per-token details fit in the summary: first token plus the gaps ends at the last text event, which
     # comes before the end of the stream (the final event and [DONE]) that bench_serving's latency counts to
     spans_s = [ttft + sum(itl) for ttft, itl in zip(result["ttfts"], result["itls"])]
     assert 0 < 1e3 * sum(spans_s) / len(spans_s) <= result["mean_e2e_latency_ms"] * (1 + 1e-9)
 
-    # the pipeline's client on the same requests measures the same TPOT
+    # the pipeline's client on the same requests measures the same TPOT, to an order of magnitude
     ours = run_throughput(server.url, pipeline_prompts, concurrency=[CONCURRENCY], num_requests=NUM_PROMPTS,
                           max_new_tokens=OUTPUT_LEN, variant={"name": "greedy", "temperature": 0.0,
                                                               "ignore_eos": True},
                           out=tmp_path / "throughput.jsonl")
     level = ours["levels"][CONCURRENCY]
     assert level["errors"] == 0 and level["output_tokens"] == result["total_output_tokens"]
-    ratio = 1e3 * level["mean_tpot"] / result["mean_tpot_ms"]
-    assert WITHIN_AN_ORDER_OF_MAGNITUDE[0] < ratio < WITHIN_AN_ORDER_OF_MAGNITUDE[1], (level["mean_tpot"],
-                                                                                       result["mean_tpot_ms"])
+    assert within_an_order_of_magnitude(1e3 * level["mean_tpot"] / result["mean_tpot_ms"]), (level["mean_tpot"],
+                                                                                           result["mean_tpot_ms"])
 
 
 def test_bench_serving_over_openai_completions(server: ServerProcess, prompt_files, tmp_path: Path) -> None:
