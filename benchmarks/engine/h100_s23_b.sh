@@ -4,6 +4,8 @@
 # freshly trained `gpu` pair; the engine's CUDA tests on the new code beside the training.
 #   git archive HEAD~N src | tar -x -C .baseline   (the old tree; /.baseline/ in .git/info/exclude)
 #   OUT=$OUT bash benchmarks/engine/h100_s23_b.sh      (carry .whl and .baseline)
+# Third call, after the fix for what the first run of the tests found (cuBLAS workspace and split tickets shared):
+#   TRAIN_MINUTES=3 TREES=new END_S=420 OUT=$OUT bash benchmarks/engine/h100_s23_b.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source benchmarks/engine/device_env.sh
@@ -17,8 +19,9 @@ OUT=/tmp/train_out timeout -k 5 $((train_minutes * 60 + 60)) python3 benchmarks/
     --pair-dir /tmp/gpu-pair --eval-prompts 0 --max-minutes "$train_minutes" > /tmp/train.log 2>&1
 echo "train rc=$?"; cat /tmp/train_out/table.txt > "$OUT/train.txt" 2>/dev/null; cat "$OUT/train.txt"
 wait; grep -E "^FAILED" "$OUT/cuda_tests.txt"; tail -2 "$OUT/cuda_tests.txt"
-for tree in new old; do
-    left=$((${END_S:-580} - SECONDS)); [ $tree = new ] && left=$((left / 2))
+trees=${TREES:-new old}
+for tree in $trees; do
+    left=$((${END_S:-580} - SECONDS)); [ "$trees" != new ] && [ $tree = new ] && left=$((left / 2))
     [ "$left" -lt 60 ] && { echo "no time left for $tree (${left} s)"; continue; }
     src=$PWD/src; [ $tree = old ] && src=$PWD/.baseline/src
     PYTHONPATH="$src:/tmp/site" OUT=/tmp/sweep_$tree timeout -k 5 $((left + 3)) python3 benchmarks/gpu_pair/serve_sweep.py \

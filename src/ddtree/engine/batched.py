@@ -54,6 +54,7 @@ from ddtree.core.verify import (
     walk,
 )
 from ddtree.engine import triton_round
+from ddtree.engine.triton_attention import split_counter_set
 from ddtree.engine.chain import build_chain, chain_parents
 from ddtree.engine.checks import check_budget, check_method, check_request_fields, resolve_dtype
 from ddtree.engine.fast_model import FusedDecoder, StaticDrafter, Visibility, family_of, round_up
@@ -144,7 +145,9 @@ class _Stage:
     def __init__(self, name: str, fn: Callable[[], None]) -> None:
         self.name, self.fn, self.graph = name, fn, None
 
-    def capture(self, device: torch.device, pool) -> None:
+    def capture(self, device: torch.device, pool, capture_stream: "torch.cuda.Stream | None" = None) -> None:
+        """`capture_stream`: a graph that replays beside others needs its own (cuBLAS keys its workspace by the
+        capture stream: graphs captured on one stream share it); by default the one all graphs share."""
         stream = torch.cuda.Stream(device=device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
@@ -152,7 +155,7 @@ class _Stage:
                 self.fn()
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
             self.fn()
         self.graph = graph
         graph.replay()  # fills the static outputs, which the next stage's warm-up reads
@@ -242,11 +245,13 @@ class BatchedEngine:
         # Under graphs the prompt's forward into the staging caches runs on a side stream, beside the round in
         # flight: both are launch-latency bound on small batches, so the forward is nearly free (it cost ~0.48 ms of
         # device time an admission on the main stream, a fifth of a `gpu`-pair round at 8 requests). The copy into
-        # the request's slot and the row's state stay on the main stream, after the round. Its graphs keep their own
-        # memory pool: the shared pool's blocks are scratch of the round graphs running beside them.
+        # the request's slot and the row's state stay on the main stream, after the round. Nothing the two share may
+        # be written by both: the forward's graphs keep their own memory pool (the shared pool's blocks are the
+        # round graphs' scratch), capture stream (cuBLAS's workspace) and split-attention tickets.
         self._side_prefill = self.use_graphs and self.staged_prefill
         self._prefill_stream = torch.cuda.Stream(device=dev) if self._side_prefill else None
         self._prefill_pool = torch.cuda.graph_pool_handle() if self._side_prefill else None
+        self._prefill_capture_stream = torch.cuda.Stream(device=dev) if self._side_prefill else None
         # the staging forward done (main waits on it), and the staging caches read again (the next forward waits)
         self._staged = torch.cuda.Event() if self._side_prefill else None
         self._staging_free = torch.cuda.Event() if self._side_prefill else None
@@ -864,8 +869,9 @@ class BatchedEngine:
 
         def forward() -> None:  # reads inputs and weights, writes the staging caches and logits only
             tokens, last = inputs[:length].unsqueeze(0), inputs[length : length + 1]
-            prog["logits"] = self._prefill_forward(tokens, last, self.staging_target,
-                                                   self.staging_drafter if with_drafter else None, slot=0)
+            with split_counter_set("prefill"):
+                prog["logits"] = self._prefill_forward(tokens, last, self.staging_target,
+                                                       self.staging_drafter if with_drafter else None, slot=0)
 
         def commit() -> None:
             dst = inputs[length + 1 : length + 2]
@@ -875,7 +881,7 @@ class BatchedEngine:
             self._admit_row(inputs[length:], prog["logits"])
 
         prog["forward"] = _Stage("prefill", forward)
-        self._capture(prog["forward"], pool=self._prefill_pool)
+        self._capture(prog["forward"], beside=True)
         prog["commit"] = _Stage("prefill_commit", commit)
         self._capture(prog["commit"])
         self._prefills[key] = prog
@@ -910,15 +916,19 @@ class BatchedEngine:
             for stage in stages:
                 stage()
 
-    def _capture(self, stage: _Stage, pool: Any = None) -> None:
-        """CUDA: capture the stage (into the round graphs' shared memory pool unless `pool` is given). Its warm-up
-        runs execute it for real, so the rows' state is restored after (the other writes land in cache rows at or
-        beyond `committed`, which nothing reads). Eager: nothing."""
+    def _capture(self, stage: _Stage, *, beside: bool = False) -> None:
+        """CUDA: capture the stage. `beside`: a graph that replays beside the round graphs (the prefill's forward)
+        gets a memory pool and a capture stream (so a cuBLAS workspace) of its own. Its warm-up runs execute it for
+        real, so the rows' state is restored after (the other writes land in cache rows at or beyond `committed`,
+        which nothing reads). Eager: nothing."""
         if not self.use_graphs:
             return
         saved = [t.clone() for t in self._state_tensors()]
         with torch.no_grad():
-            stage.capture(self.device, self._pool if pool is None else pool)
+            if beside:
+                stage.capture(self.device, self._prefill_pool, self._prefill_capture_stream)
+            else:
+                stage.capture(self.device, self._pool)
         for t, s in zip(self._state_tensors(), saved):
             t.copy_(s)
 
