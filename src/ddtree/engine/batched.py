@@ -54,7 +54,6 @@ from ddtree.core.verify import (
     walk,
 )
 from ddtree.engine import triton_round
-from ddtree.engine.triton_attention import split_counter_set
 from ddtree.engine.chain import build_chain, chain_parents
 from ddtree.engine.checks import check_budget, check_method, check_request_fields, resolve_dtype
 from ddtree.engine.fast_model import FusedDecoder, StaticDrafter, Visibility, family_of, round_up
@@ -145,9 +144,7 @@ class _Stage:
     def __init__(self, name: str, fn: Callable[[], None]) -> None:
         self.name, self.fn, self.graph = name, fn, None
 
-    def capture(self, device: torch.device, pool, capture_stream: "torch.cuda.Stream | None" = None) -> None:
-        """`capture_stream`: a graph that replays beside others needs its own (cuBLAS keys its workspace by the
-        capture stream: graphs captured on one stream share it); by default the one all graphs share."""
+    def capture(self, device: torch.device, pool) -> None:
         stream = torch.cuda.Stream(device=device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
@@ -155,7 +152,7 @@ class _Stage:
                 self.fn()
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
+        with torch.cuda.graph(graph, pool=pool):
             self.fn()
         self.graph = graph
         graph.replay()  # fills the static outputs, which the next stage's warm-up reads
@@ -242,19 +239,6 @@ class BatchedEngine:
         self.staged_prefill = self.use_graphs if prefill_graphs is None else bool(prefill_graphs)
         self.prefill_buckets = prefill_buckets(self.max_seq_len) if self.staged_prefill else ()
         self._prefills: dict[tuple[int, bool], dict[str, Any]] = {}
-        # Under graphs the prompt's forward into the staging caches runs on a side stream, beside the round in
-        # flight: both are launch-latency bound on small batches, so the forward is nearly free (it cost ~0.48 ms of
-        # device time an admission on the main stream, a fifth of a `gpu`-pair round at 8 requests). The copy into
-        # the request's slot and the row's state stay on the main stream, after the round. Nothing the two share may
-        # be written by both: the forward's graphs keep their own memory pool (the shared pool's blocks are the
-        # round graphs' scratch), capture stream (cuBLAS's workspace) and split-attention tickets.
-        self._side_prefill = self.use_graphs and self.staged_prefill
-        self._prefill_stream = torch.cuda.Stream(device=dev) if self._side_prefill else None
-        self._prefill_pool = torch.cuda.graph_pool_handle() if self._side_prefill else None
-        self._prefill_capture_stream = torch.cuda.Stream(device=dev) if self._side_prefill else None
-        # the staging forward done (main waits on it), and the staging caches read again (the next forward waits)
-        self._staged = torch.cuda.Event() if self._side_prefill else None
-        self._staging_free = torch.cuda.Event() if self._side_prefill else None
         if self.prefill_buckets:
             top = self.prefill_buckets[-1]
             self.staging_target = target.allocate_cache(1, top)
@@ -752,35 +736,25 @@ class BatchedEngine:
         host[:p] = torch.tensor(request.input_ids, dtype=torch.int64)
         host[width : width + 4] = torch.tensor([p - 1, row, int(request.top_k), seed], dtype=torch.int64)
         host[width + 4 :].view(torch.float32)[:] = torch.tensor([request.temperature, request.top_p])
-        if length is not None:  # staged: padded to the bucket, two replays under graphs
+        if length is not None:  # staged: padded to the bucket, one replay under graphs
             prog = self._prefill_program(length, with_drafter, row=row)
-            if self._side_prefill:
-                side = self._prefill_stream
-                side.wait_event(self._staging_free)  # the last admission's copy-out and first token are enqueued
-                with torch.cuda.stream(side):
-                    self._copy_in(prog["inputs"], host)
-                    prog["forward"]()
-                    self._staged.record(side)
-                torch.cuda.current_stream(self.device).wait_event(self._staged)
-            else:
-                self._copy_in(prog["inputs"], host)
-                prog["forward"]()
-            prog["commit"]()
+            self._copy_in(prog["inputs"], host)
+            prog["stage"]()
             logits = prog["logits"]
         else:  # straight into the slot: the CPU, and prompts beyond the largest bucket
             inputs = host.to(self.device)
             logits = self._prefill_forward(inputs[:p].unsqueeze(0), inputs[p : p + 1], self.target_cache,
                                            self.drafter_cache if with_drafter else None, slot=row)
             self._admit_row(inputs[p:], logits)
-        if request.temperature > 0:  # a sampled first token: counter 0 of the row's coin key (rounds use 1, 2, ...)
-            dev = self.device
-            params = SamplingParams(temperature=float(request.temperature), top_k=int(request.top_k),
-                                    top_p=float(request.top_p))
-            coins = keyed_uniforms(self.coin_key[row : row + 1], torch.zeros(1, dtype=torch.int64, device=dev),
-                                   column_keys(1, dev))
-            self.bonus[row : row + 1].copy_(pick_tokens(logits[:, 0], params, coins))
-        if length is not None and self._side_prefill:
-            self._staging_free.record()  # after every read of the staging caches, inputs and logits
+        if request.temperature == 0:
+            return  # the argmax `_admit_row` wrote
+        # a sampled first token: counter 0 of the row's coin key (the rounds use 1, 2, ...)
+        dev = self.device
+        params = SamplingParams(temperature=float(request.temperature), top_k=int(request.top_k),
+                                top_p=float(request.top_p))
+        coins = keyed_uniforms(self.coin_key[row : row + 1], torch.zeros(1, dtype=torch.int64, device=dev),
+                               column_keys(1, dev))
+        self.bonus[row : row + 1].copy_(pick_tokens(logits[:, 0], params, coins))
 
     def _copy_in(self, dst: torch.Tensor, host: torch.Tensor) -> None:
         """dst (on the device) <- host. On CUDA through the next of a ring of pinned buffers, so the copy waits for
@@ -850,10 +824,10 @@ class BatchedEngine:
         return logits
 
     def _prefill_program(self, length: int, with_drafter: bool, *, row: int) -> dict[str, Any]:
-        """The staged prefill of one length bucket, two stages: `forward`, inputs [L + ADMIT_FIELDS] (tokens, then
-        `_admit_row`'s fields: last index, destination row, ...) -> the staging caches and logits [1, 1, V]; then
-        `commit`, the staging caches -> rows [0, L) of the destination slot, and the row's state. Captured on first
-        use with `row` (a free row: the capture's warm-up runs write it) as the destination."""
+        """The staged prefill of one length bucket: inputs [L + ADMIT_FIELDS] (tokens, then `_admit_row`'s fields:
+        last index, destination row, ...) -> the staging caches -> rows [0, L) of the destination slot, the row's
+        state; logits [1, 1, V]. Captured on first use with `row` (a free row: the capture's warm-up runs write
+        it) as the destination."""
         key = (length, with_drafter)
         prog = self._prefills.get(key)
         if prog is not None:
@@ -867,23 +841,18 @@ class BatchedEngine:
             pairs.append((self.drafter_cache, self.staging_drafter))
         prog = {"inputs": inputs}
 
-        def forward() -> None:  # reads inputs and weights, writes the staging caches and logits only
+        def prefill() -> None:
             tokens, last = inputs[:length].unsqueeze(0), inputs[length : length + 1]
-            with split_counter_set("prefill"):
-                prog["logits"] = self._prefill_forward(tokens, last, self.staging_target,
-                                                       self.staging_drafter if with_drafter else None, slot=0)
-
-        def commit() -> None:
             dst = inputs[length + 1 : length + 2]
+            prog["logits"] = self._prefill_forward(tokens, last, self.staging_target,
+                                                   self.staging_drafter if with_drafter else None, slot=0)
             for cache, staging in pairs:
                 for whole, staged in ((cache.keys, staging.keys), (cache.values, staging.values)):
                     whole[:, :, :, :length].index_copy_(1, dst, staged[:, :, :, :length])
             self._admit_row(inputs[length:], prog["logits"])
 
-        prog["forward"] = _Stage("prefill", forward)
-        self._capture(prog["forward"], beside=True)
-        prog["commit"] = _Stage("prefill_commit", commit)
-        self._capture(prog["commit"])
+        prog["stage"] = _Stage("prefill", prefill)
+        self._capture(prog["stage"])
         self._prefills[key] = prog
         return prog
 
@@ -916,19 +885,14 @@ class BatchedEngine:
             for stage in stages:
                 stage()
 
-    def _capture(self, stage: _Stage, *, beside: bool = False) -> None:
-        """CUDA: capture the stage. `beside`: a graph that replays beside the round graphs (the prefill's forward)
-        gets a memory pool and a capture stream (so a cuBLAS workspace) of its own. Its warm-up runs execute it for
-        real, so the rows' state is restored after (the other writes land in cache rows at or beyond `committed`,
-        which nothing reads). Eager: nothing."""
+    def _capture(self, stage: _Stage) -> None:
+        """CUDA: capture the stage. Its warm-up runs execute it for real, so the rows' state is restored after
+        (the other writes land in cache rows at or beyond `committed`, which nothing reads). Eager: nothing."""
         if not self.use_graphs:
             return
         saved = [t.clone() for t in self._state_tensors()]
         with torch.no_grad():
-            if beside:
-                stage.capture(self.device, self._prefill_pool, self._prefill_capture_stream)
-            else:
-                stage.capture(self.device, self._pool)
+            stage.capture(self.device, self._pool)
         for t, s in zip(self._state_tensors(), saved):
             t.copy_(s)
 

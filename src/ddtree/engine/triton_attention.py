@@ -23,9 +23,6 @@ g + g - 1 share K/V head kvh (Hugging Face's repeat_kv order).
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -114,36 +111,21 @@ def launch_rule(batch: int, kv_heads: int, query_rows: int, capacity: int, sms: 
     return Launch(64, 64, 1, num_warps=4, num_stages=stages)
 
 
-_COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
 _OUTGROWN: list[torch.Tensor] = []
-_counter_set = threading.local()
-
-
-@contextmanager
-def split_counter_set(name: str) -> Iterator[None]:
-    """Split launches inside use the tickets of set `name` instead of the default set's. Launches of one set must
-    run one after another (one stream); work that runs beside it on another stream (the engine's prefill beside a
-    round) takes a set of its own."""
-    previous = getattr(_counter_set, "name", "default")
-    _counter_set.name = name
-    try:
-        yield
-    finally:
-        _counter_set.name = previous
 
 
 def _split_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """Zeroed int32 tickets, one per output tile, shared by every split launch of one counter set on `device`
-    (`split_counter_set`): each launch leaves its tiles' tickets at zero again, and a set's launches run one after
-    another. Grown (never shrunk) on demand; the engine's eager warm-up reaches every shape before any graph
-    capture, so a capture only ever sees the buffer already allocated."""
-    key = (device, getattr(_counter_set, "name", "default"))
-    buf = _COUNTERS.get(key)
+    """Zeroed int32 tickets, one per output tile, shared by every split launch on `device`: each launch leaves
+    its tiles' tickets at zero again, and launches on one stream run one after another. Grown (never shrunk)
+    on demand; the engine's eager warm-up reaches every shape before any graph capture, so a capture only
+    ever sees the buffer already allocated."""
+    buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < tiles:
         if buf is not None:
             _OUTGROWN.append(buf)  # a captured graph may still point at it
         buf = torch.zeros(max(tiles, 4096), device=device, dtype=torch.int32)
-        _COUNTERS[key] = buf
+        _COUNTERS[device] = buf
     return buf
 
 
