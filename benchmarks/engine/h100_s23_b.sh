@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 23, second call: the prompt's forward on a side stream beside the round in flight (new) against the
+# Session 23, second call (ran on a5cb0c8 / a93b3ce: main has the same-stream prefill again, so "new" needs that src): the prompt's forward on a side stream beside the round in flight (new) against the
 # same-stream prefill (the previous commit's src, carried as .baseline/src), the server at 8 requests on one
 # freshly trained `gpu` pair; the engine's CUDA tests on the new code beside the training.
 #   git archive HEAD~N src | tar -x -C .baseline   (the old tree; /.baseline/ in .git/info/exclude)
