@@ -18,11 +18,6 @@ echo "admission rc=$?"; tail -8 "$OUT/admission.txt"
 timeout 120 python3 -m cProfile -o /tmp/admission.prof benchmarks/engine/admission_cost.py --device cuda \
     --shape gpu-pair --requests 64 --passes 3 --methods ddtree --temperatures 0 > /dev/null 2>&1
 echo "profile rc=$?"
-python3 - > "$OUT/admission_profile.txt" <<'PY'
-import pstats
-stats = pstats.Stats("/tmp/admission.prof")
-stats.sort_stats("tottime").print_stats(40)
-stats.sort_stats("cumulative").print_stats("batched.py|scheduler.py|stopping.py", 30)
-PY
+python3 benchmarks/engine/print_profile.py /tmp/admission.prof > "$OUT/admission_profile.txt" 2>&1
 head -70 "$OUT/admission_profile.txt"
 true
