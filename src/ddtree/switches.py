@@ -10,6 +10,7 @@ job in normal use: with none set, each job takes its one fastest measured path (
 | `DDTREE_TRITON_BEAM_MAX_WIDTH` | `triton_beam_max_width` | widest beam the Triton tail takes (0: torch tail)     |
 | `DDTREE_STATS_PROGRAMS`        | `stats_programs`        | programs the builder's statistics kernel aims for     |
 | `DDTREE_NO_OVERLAP=1`          | `no_overlap`            | the batched engine's CUDA rounds do not overlap       |
+| `DDTREE_OVERLAP_DEPTH`         | `overlap_depth`         | overlapped rounds kept in flight (default 1)          |
 | `DDTREE_RAW_SAMPLED_TREES=1`   | `raw_sampled_trees`     | trees of sampled rows on the raw draft logits (no tree temperature) |
 
 Code reads `current()`. The environment is read once, on the first call (set the variables before the process
@@ -37,6 +38,7 @@ class Switches:
     triton_beam_max_width: int = DEFAULT_TRITON_BEAM_MAX_WIDTH
     stats_programs: int = DEFAULT_STATS_PROGRAMS
     no_overlap: bool = False
+    overlap_depth: int = 1
     raw_sampled_trees: bool = False
 
     def __post_init__(self) -> None:
@@ -56,6 +58,7 @@ ENV = {  # field -> environment variable
     "triton_beam_max_width": "DDTREE_TRITON_BEAM_MAX_WIDTH",
     "stats_programs": "DDTREE_STATS_PROGRAMS",
     "no_overlap": "DDTREE_NO_OVERLAP",
+    "overlap_depth": "DDTREE_OVERLAP_DEPTH",
     "raw_sampled_trees": "DDTREE_RAW_SAMPLED_TREES",
 }
 
