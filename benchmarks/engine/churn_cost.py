@@ -92,7 +92,7 @@ def main() -> int:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shape, dcfg = SHAPES[args.shape]
     block = dcfg["block_size"]
-    max_seq = args.prompt_tokens + 4096 + 2 * block + 80
+    max_seq = args.prompt_tokens + 4096 + 4 * block + 80  # room for two rounds in flight past a request's end
     shape = replace(shape, max_position_embeddings=max(shape.max_position_embeddings, max_seq))
     target = FusedDecoder.random(shape, device, dtype, feature_layers=tuple(dcfg["target_layer_ids"]))
     drafter = random_drafter_for(shape, layers=dcfg["layers"], block_size=block,

@@ -17,7 +17,9 @@ at the smallest bucket size >= n. One round, as named stages (keys of `ddtree.en
 emitted tokens once per round, which is the round's only synchronisation. With CUDA graphs rounds overlap
 (`overlap`): round R + 1 is enqueued before the host reads round R, so the host's bookkeeping (stop rules,
 callbacks, retiring finished rows) runs while the device decodes; a request that finishes in round R is decoded
-once more in R + 1 and those outputs are dropped (its slot has the working rows for it). With `profile_stages`
+once more in R + 1 and those outputs are dropped (its slot has the working rows for it). `DDTREE_OVERLAP_DEPTH=2`
+keeps two rounds queued behind the one being read, so that a step whose host work outlasts a round (admissions,
+retirements) still finds the device busy. With `profile_stages`
 rounds do not overlap, and CUDA events between the stage replays time them without adding synchronisations.
 
 Invariants between rounds, per active row: the target cache holds the committed tokens before the bonus in
@@ -453,9 +455,10 @@ class BatchedEngine:
     def step(self) -> list[_Active]:
         """Run one round over the active rows; returns the requests that finished.
 
-        Overlapped (`overlap`, unless stages are profiled): enqueue the next round, then read and apply the previous
-        one's outputs while the device runs it, so the requests returned finished in the previous round (none
-        after the first launch). Otherwise the round is launched, read and applied in this call."""
+        Overlapped (`overlap`, unless stages are profiled): enqueue the next round, then read and apply the oldest
+        round in flight once `overlap_depth` newer ones are queued behind it, so the requests returned finished
+        `overlap_depth` rounds ago (none until the queue is that deep). Otherwise the round is launched, read and
+        applied in this call."""
         stats = self.loop_stats
         if not self.overlap or self.profile_stages:
             done = self._drain()  # a round left in flight when profiling was switched on
@@ -470,12 +473,13 @@ class BatchedEngine:
             stats.launch_s += t_launched - t_start
         else:
             done = []
-            if self._inflight and self._may_all_finish():
-                # a round launched now might only decode requests that end with the ones in flight: read those
-                # first (at batch 1 a dropped round would cost a whole round a request)
-                t_wait = time.perf_counter()
-                done = self._drain()
-                stats.wait_s += time.perf_counter() - t_wait
+            t_wait = time.perf_counter()
+            while self._inflight and self._may_all_finish():
+                # a round launched now might only decode requests that end with the ones in flight: read the oldest
+                # first, and again while that holds (at batch 1 a dropped round would cost a whole round a request)
+                flight = self._inflight.popleft()
+                done += self._apply(flight, self._read(flight))
+            stats.wait_s += time.perf_counter() - t_wait
             t_start = time.perf_counter()
             if self._active:
                 self._inflight.append(self._launch())
