@@ -3,6 +3,8 @@
 # server at 8 requests on one freshly trained `gpu` pair (T = 0, budget 32, 128 new tokens, two interleaved passes a
 # depth, depth 1 first); the engine's CUDA tests (depths 1 and 2) beside the training.
 #   OUT=$OUT bash benchmarks/engine/h100_s24_b.sh      (carry .whl)
+# With one call's device time left (a 3-minute training, batch 1 at both depths after the sweeps):
+#   TRAIN_MINUTES=3 END_S=470 B1_DEPTHS="2 1" OUT=$OUT bash benchmarks/engine/h100_s24_b.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source benchmarks/engine/device_env.sh
@@ -24,5 +26,12 @@ for depth in $depths; do
         --min-requests 16 --min-seconds 3 --max-requests 4000 --repeats 2 --time-budget-s "$((left - 3))" \
         > /tmp/sweep_d$depth.log 2>&1
     echo "== sweep depth $depth rc=$?"; cp /tmp/sweep_d$depth/sweep.txt "$OUT/sweep_8_depth$depth.txt" && head -40 "$OUT/sweep_8_depth$depth.txt"
+done
+for depth in ${B1_DEPTHS:-}; do  # batch 1, when END_S leaves room after the sweeps (h100_s24_c.sh runs it otherwise)
+    left=$((${B1_END_S:-590} - SECONDS)); [ "$left" -lt 30 ] && { echo "no time left for batch 1 depth $depth"; continue; }
+    DDTREE_OVERLAP_DEPTH=$depth timeout "$left" python3 -m ddtree.cli bench engine --model /tmp/gpu-pair \
+        --num-prompts 8 --max-new-tokens 128 --budgets 32,64 --temperatures 0 --warmup-seconds 3 --repeats 2 \
+        > "$OUT/engine_b1_depth$depth.txt" 2>&1
+    echo "== batch 1 depth $depth rc=$?"; grep -E "^ *(ar|dflash|ddtree) " "$OUT/engine_b1_depth$depth.txt" | tail -8
 done
 true
