@@ -30,7 +30,7 @@ done
 for depth in ${B1_DEPTHS:-}; do  # batch 1, when END_S leaves room after the sweeps (h100_s24_c.sh runs it otherwise)
     left=$((${B1_END_S:-590} - SECONDS)); [ "$left" -lt 30 ] && { echo "no time left for batch 1 depth $depth"; continue; }
     DDTREE_OVERLAP_DEPTH=$depth timeout "$left" python3 -m ddtree.cli bench engine --model /tmp/gpu-pair \
-        --num-prompts 8 --max-new-tokens 128 --budgets 32,64 --temperatures 0 --warmup-seconds 3 --repeats 2 \
+        --num-prompts 8 --max-new-tokens 128 --budgets 32,64,128 --temperatures 0 --warmup-seconds 3 --repeats 2 \
         > "$OUT/engine_b1_depth$depth.txt" 2>&1
     echo "== batch 1 depth $depth rc=$?"; grep -E "^ *(ar|dflash|ddtree) " "$OUT/engine_b1_depth$depth.txt" | tail -8
 done
