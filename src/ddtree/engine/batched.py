@@ -273,10 +273,11 @@ class BatchedEngine:
         # outputs, so the device runs R + 1 while the host does R's bookkeeping (stop rules, callbacks, retiring
         # rows). A request that finishes in round R has decoded round R + 1 too; its outputs are dropped. Each
         # launched round's outputs go to one of two pinned host buffers, with an event per buffer.
-        self.overlap = (self.use_graphs and not switches.current().no_overlap) if overlap is None else bool(overlap)
-        # rounds kept in flight while the host reads the oldest (`DDTREE_OVERLAP_DEPTH`, default 1): with 2 a step
-        # whose host work outlasts one round (admissions, retirements) still finds the device busy
-        self.overlap_depth = max(1, switches.current().overlap_depth) if self.overlap else 0
+        # rounds kept in flight while the host reads the oldest (`DDTREE_OVERLAP_DEPTH`, default 1, 0 = off): with 2
+        # a step whose host work outlasts one round (admissions, retirements) still finds the device busy
+        depth = switches.current().overlap_depth
+        self.overlap = (self.use_graphs and depth > 0) if overlap is None else bool(overlap)
+        self.overlap_depth = max(1, depth) if self.overlap else 0
         slots = self.overlap_depth + 1
         # prompt + max_new_tokens the server may accept: the round's working rows come on top (the tree, and a
         # block a round that may run past a request's end: its last round's surplus, the rounds in flight)
