@@ -9,7 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source benchmarks/engine/device_env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/versions.txt"
-(timeout 280 python3 -m pytest -q tests/engine/test_batched.py tests/engine/test_scheduler.py -k "cuda" \
+(timeout ${TESTS_S:-280} python3 -m pytest -q tests/engine/test_batched.py tests/engine/test_scheduler.py -k "cuda" \
     > "$OUT/cuda_tests.txt" 2>&1; echo "cuda tests rc=$?" >> "$OUT/cuda_tests.txt") &
 train_minutes=${TRAIN_MINUTES:-4}
 OUT=/tmp/train_out timeout -k 5 $((train_minutes * 60 + 60)) python3 benchmarks/gpu_pair/train_and_eval.py \
