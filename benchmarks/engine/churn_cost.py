@@ -43,6 +43,24 @@ def request(prompt_tokens: int, new_tokens: int, vocab: int, gen: torch.Generato
 PHASES = ("launch_s", "wait_s", "post_s", "admit_s")
 
 
+def random_engine(shape_name: str, configs: list[tuple[str, int]], batch: int, extra_rows: int,
+                  device: torch.device) -> tuple[BatchedEngine, int]:
+    """A batched engine over an architecture-shaped target and DFlash drafter with random weights (bf16 on CUDA,
+    float32 elsewhere), its slots `extra_rows` + room for two rounds in flight past a request's end; and the vocab."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shape, dcfg = SHAPES[shape_name]
+    block = dcfg["block_size"]
+    max_seq = extra_rows + 4 * block
+    shape = replace(shape, max_position_embeddings=max(shape.max_position_embeddings, max_seq))
+    target = FusedDecoder.random(shape, device, dtype, feature_layers=tuple(dcfg["target_layer_ids"]))
+    drafter = random_drafter_for(shape, layers=dcfg["layers"], block_size=block,
+                                 target_layer_ids=dcfg["target_layer_ids"], mask_token_id=shape.vocab_size - 1,
+                                 device=device, dtype=dtype)
+    engine = BatchedEngine(None, method=configs[0][0], budget=max(configs[0][1], 1), target=target, drafter=drafter,
+                           max_batch=batch, max_seq_len=max_seq, cuda_graphs=device.type == "cuda")
+    return engine, shape.vocab_size
+
+
 def period_ms(engine: BatchedEngine, rounds: int, refill) -> tuple[float, float, dict[str, float]]:
     """Mean ms per round over `rounds` steps (the device is synchronised at both ends), the admissions per
     round and the loop's phases in ms per round (`LoopStats`: enqueue, wait for the device, bookkeeping after,
@@ -89,20 +107,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    shape, dcfg = SHAPES[args.shape]
-    block = dcfg["block_size"]
-    max_seq = args.prompt_tokens + 4096 + 4 * block + 80  # room for two rounds in flight past a request's end
-    shape = replace(shape, max_position_embeddings=max(shape.max_position_embeddings, max_seq))
-    target = FusedDecoder.random(shape, device, dtype, feature_layers=tuple(dcfg["target_layer_ids"]))
-    drafter = random_drafter_for(shape, layers=dcfg["layers"], block_size=block,
-                                 target_layer_ids=dcfg["target_layer_ids"], mask_token_id=shape.vocab_size - 1,
-                                 device=device, dtype=dtype)
     configs = [(m, int(b)) for m, b in (c.split(":") for c in args.configs.split(","))]
-    engine = BatchedEngine(None, method=configs[0][0], budget=max(configs[0][1], 1), target=target, drafter=drafter,
-                           max_batch=args.batch, max_seq_len=max_seq, cuda_graphs=device.type == "cuda")
+    engine, vocab = random_engine(args.shape, configs, args.batch, args.prompt_tokens + 4096 + 80, device)
     gen = torch.Generator().manual_seed(0)
-    vocab = shape.vocab_size
     print(f"{args.shape} (random weights), batch {args.batch}, prompts of {args.prompt_tokens} tokens, "
           f"{args.rounds} rounds a run, {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}")
     results = []

@@ -20,7 +20,6 @@ import json
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,9 +27,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from ddtree.bench.cost_model import SHAPES
 from ddtree.engine.batched import BatchedEngine
-from ddtree.engine.fast_model import FusedDecoder, random_drafter_for
 
-from churn_cost import request  # noqa: E402  (the sibling script's request maker: same prompts and lengths)
+# the sibling script's engine and request makers: the same shapes, prompts and lengths
+from churn_cost import random_engine, request  # noqa: E402
 
 LABELLED = {"_launch": "launch", "_read": "read", "_apply": "apply", "_finish_rows": "retire", "admit": "admit"}
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -114,18 +113,9 @@ def main() -> int:
     ap.add_argument("--trace-dir", default=None, help="keep the chrome traces here")
     args = ap.parse_args()
     device = torch.device("cuda")
-    dtype = torch.bfloat16
-    shape, dcfg = SHAPES[args.shape]
-    block = dcfg["block_size"]
-    max_seq = args.prompt_tokens + 4 * args.new_tokens + 4 * block + 80
-    shape = replace(shape, max_position_embeddings=max(shape.max_position_embeddings, max_seq))
-    target = FusedDecoder.random(shape, device, dtype, feature_layers=tuple(dcfg["target_layer_ids"]))
-    drafter = random_drafter_for(shape, layers=dcfg["layers"], block_size=block,
-                                 target_layer_ids=dcfg["target_layer_ids"], mask_token_id=shape.vocab_size - 1,
-                                 device=device, dtype=dtype)
     configs = [(m, int(b)) for m, b in (c.split(":") for c in args.configs.split(","))]
-    engine = BatchedEngine(None, method=configs[0][0], budget=max(configs[0][1], 1), target=target, drafter=drafter,
-                           max_batch=args.batch, max_seq_len=max_seq)
+    engine, vocab = random_engine(args.shape, configs, args.batch, args.prompt_tokens + 4 * args.new_tokens + 80,
+                                  device)
     label_phases(engine)
     gen = torch.Generator().manual_seed(0)
     print(f"{args.shape} (random weights), batch {args.batch}, prompts of {args.prompt_tokens} tokens, "
@@ -140,11 +130,11 @@ def main() -> int:
         def refill(finished, method=method, budget=budget) -> None:
             with record_function("refill"):
                 for _ in finished:
-                    engine.admit(request(args.prompt_tokens, args.new_tokens, shape.vocab_size, gen, args.spread),
+                    engine.admit(request(args.prompt_tokens, args.new_tokens, vocab, gen, args.spread),
                                  method=method, budget=budget)
 
         for _ in range(args.batch):
-            engine.admit(request(args.prompt_tokens, args.new_tokens, shape.vocab_size, gen, args.spread),
+            engine.admit(request(args.prompt_tokens, args.new_tokens, vocab, gen, args.spread),
                          method=method, budget=budget)
         for _ in range(60):  # past the first wave, so that finishes come one at a time
             refill(engine.step())

@@ -272,7 +272,7 @@ class BatchedEngine:
         # Overlapped rounds (default with CUDA graphs): `step` enqueues round R + 1 before it reads round R's
         # outputs, so the device runs R + 1 while the host does R's bookkeeping (stop rules, callbacks, retiring
         # rows). A request that finishes in round R has decoded round R + 1 too; its outputs are dropped. Each
-        # launched round's outputs go to one of two pinned host buffers, with an event per buffer.
+        # launched round's outputs go to one of depth + 1 pinned host buffers, with an event per buffer.
         # rounds kept in flight while the host reads the oldest (`DDTREE_OVERLAP_DEPTH`, default 1, 0 = off): with 2
         # a step whose host work outlasts one round (admissions, retirements) still finds the device busy
         depth = switches.current().overlap_depth
@@ -478,8 +478,7 @@ class BatchedEngine:
             while self._inflight and self._may_all_finish():
                 # a round launched now might only decode requests that end with the ones in flight: read the oldest
                 # first, and again while that holds (at batch 1 a dropped round would cost a whole round a request)
-                flight = self._inflight.popleft()
-                done += self._apply(flight, self._read(flight))
+                done += self._read_oldest()
             stats.wait_s += time.perf_counter() - t_wait
             t_start = time.perf_counter()
             if self._active:
@@ -511,9 +510,13 @@ class BatchedEngine:
         """Read and apply every round in flight, oldest first (switching to unoverlapped rounds)."""
         finished = []
         while self._inflight:
-            flight = self._inflight.popleft()
-            finished += self._apply(flight, self._read(flight))
+            finished += self._read_oldest()
         return finished
+
+    def _read_oldest(self) -> list[_Active]:
+        """Read and apply the oldest round in flight."""
+        flight = self._inflight.popleft()
+        return self._apply(flight, self._read(flight))
 
     def _launch(self) -> _Flight:
         """Enqueue one round over the active rows and the copy of its outputs to a host buffer."""
