@@ -12,7 +12,7 @@ def test_environment_parsing() -> None:
     assert switches.from_environment({"DDTREE_NO_CUDA_GRAPH": "", "DDTREE_NO_TRITON": "0"}) == switches.Switches()
     env = {"DDTREE_NO_CUDA_GRAPH": "yes", "DDTREE_TRITON_BEAM_MAX_WIDTH": "64", "OTHER": "1"}
     assert switches.from_environment(env) == switches.Switches(no_cuda_graph=True, triton_beam_max_width=64)
-    assert switches.from_environment({"DDTREE_OVERLAP_DEPTH": "0"}) == switches.Switches(overlap_depth=0)
+    assert switches.from_environment({"DDTREE_NO_OVERLAP": "1"}) == switches.Switches(no_overlap=True)
 
 
 def test_override_wins_and_nests(monkeypatch) -> None:

@@ -9,7 +9,7 @@ job in normal use: with none set, each job takes its one fastest measured path (
 | `DDTREE_NO_CUDA_GRAPH=1`       | `no_cuda_graph`         | `build_tree` on CUDA runs eagerly (no graph replay)   |
 | `DDTREE_TRITON_BEAM_MAX_WIDTH` | `triton_beam_max_width` | widest beam the Triton tail takes (0: torch tail)     |
 | `DDTREE_STATS_PROGRAMS`        | `stats_programs`        | programs the builder's statistics kernel aims for     |
-| `DDTREE_OVERLAP_DEPTH`         | `overlap_depth`         | CUDA rounds kept in flight while the host reads one (default 1; 0: rounds do not overlap) |
+| `DDTREE_NO_OVERLAP=1`          | `no_overlap`            | the batched engine's CUDA rounds do not overlap       |
 | `DDTREE_RAW_SAMPLED_TREES=1`   | `raw_sampled_trees`     | trees of sampled rows on the raw draft logits (no tree temperature) |
 
 Code reads `current()`. The environment is read once, on the first call (set the variables before the process
@@ -36,7 +36,7 @@ class Switches:
     no_cuda_graph: bool = False
     triton_beam_max_width: int = DEFAULT_TRITON_BEAM_MAX_WIDTH
     stats_programs: int = DEFAULT_STATS_PROGRAMS
-    overlap_depth: int = 1
+    no_overlap: bool = False
     raw_sampled_trees: bool = False
 
     def __post_init__(self) -> None:
@@ -55,7 +55,7 @@ ENV = {  # field -> environment variable
     "no_cuda_graph": "DDTREE_NO_CUDA_GRAPH",
     "triton_beam_max_width": "DDTREE_TRITON_BEAM_MAX_WIDTH",
     "stats_programs": "DDTREE_STATS_PROGRAMS",
-    "overlap_depth": "DDTREE_OVERLAP_DEPTH",
+    "no_overlap": "DDTREE_NO_OVERLAP",
     "raw_sampled_trees": "DDTREE_RAW_SAMPLED_TREES",
 }
 

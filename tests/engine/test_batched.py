@@ -26,14 +26,11 @@ def pair(tiny_pair):
     return load_pair(tiny_pair)
 
 
-@pytest.fixture(scope="module", params=[(False, 1), (True, 1), (True, 2)], ids=["sync", "overlap", "overlap2"])
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "overlap"])
 def engine(tiny_pair, request):
-    """Every round schedule: the unoverlapped one, and overlapped rounds (the default with CUDA graphs) one and two
-    deep, whose bookkeeping (rounds read late, finished rows decoded past their end and skipped, first tokens read
-    after the round their copy follows) runs the same on the CPU."""
-    overlap, depth = request.param
-    with switches.override(overlap_depth=depth):
-        return BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=16, max_batch=4, overlap=overlap)
+    """Both round schedules: the unoverlapped one, and overlapped rounds (the default with CUDA graphs), whose
+    bookkeeping (a round read one step late, finished rows decoded once more and skipped) runs the same on the CPU."""
+    return BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=16, max_batch=4, overlap=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -101,18 +98,15 @@ def test_seeded_sampling_is_independent_of_the_batch(engine, prompts, sampling):
     assert mixed[0].output_ids == alone[0].output_ids  # a greedy neighbour changes nothing either
 
 
-@pytest.mark.parametrize("depth", [1, 2])
-def test_an_overlapped_round_past_a_full_request_stays_in_its_slot(tiny_pair, prompts, depth):
-    """A request sized to the engine's limit finishes while its neighbour goes on: the overlapped rounds after its
-    last one decode its row past its end (their outputs dropped), inside the slot's working rows, and both
-    requests' tokens equal their decodes alone."""
-    with switches.override(overlap_depth=depth):
-        engine = BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=2, max_seq_len=64,
-                               overlap=True)
-    assert engine.overlap_depth == depth
+def test_an_overlapped_round_past_a_full_request_stays_in_its_slot(tiny_pair, prompts):
+    """A request sized to the engine's limit finishes while its neighbour goes on: the overlapped round after its
+    last one decodes its row once more (its outputs dropped), inside the slot's working rows, and both requests'
+    tokens equal their decodes alone."""
+    engine = BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=8, max_batch=2, max_seq_len=64,
+                           overlap=True)
 
     def most(prompt: list[int]) -> int:  # the most max_new_tokens a request may ask
-        return engine.max_context - len(prompt)
+        return engine.max_seq_len - len(prompt) - (8 + 1 + engine.block_size)
 
     full = prompts[1] + prompts[1]  # a longer prompt: fewer new tokens, so it ends first
     requests = [GenerationRequest(input_ids=full, max_new_tokens=most(full)),
@@ -131,7 +125,7 @@ def test_an_overlapped_round_past_a_full_request_stays_in_its_slot(tiny_pair, pr
     assert len(together[0].output_ids) == most(full)
     engine._apply = apply
     assert [o.output_ids for o in together] == [engine.generate(r).output_ids for r in requests]
-    assert not engine._inflight and engine.num_active == 0
+    assert engine._inflight is None and engine.num_active == 0
 
 
 def test_requests_beyond_the_capacity_name_the_limit(engine, prompts):
@@ -193,24 +187,22 @@ def test_cuda_graph_rounds_equal_eager_rounds(tiny_pair, prompts, method, budget
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="CUDA streams, events and pinned buffers need a GPU"))])
-@pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("method,budget", CONFIGS)
-def test_overlapped_rounds_equal_unoverlapped_rounds(tiny_pair, prompts, method, budget, device, depth):
+def test_overlapped_rounds_equal_unoverlapped_rounds(tiny_pair, prompts, method, budget, device):
     """The overlapped schedule (on CUDA: each round's outputs copied to one of two pinned buffers and read one step
     late through its event, the prefill's inputs through a ring of pinned buffers, first tokens read with the next
     round; the Triton round kernels) decodes the same tokens, acceptances and finish reasons as the unoverlapped
     one: requests joining and leaving, stop tokens, first-token finishes, seeded sampling, and a request that
     fills its slot to the engine's max_seq_len while a neighbour goes on."""
-    with switches.override(overlap_depth=depth):
-        engines = [BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, max_seq_len=96, device=device,
-                                 dtype=torch.float32, overlap=overlap) for overlap in (False, True)]
+    engines = [BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, max_seq_len=96, device=device,
+                             dtype=torch.float32, overlap=overlap) for overlap in (False, True)]
     sync, overlapped = engines
-    assert overlapped.overlap and not sync.overlap and overlapped.overlap_depth == depth
+    assert overlapped.overlap and not sync.overlap
     assert (overlapped._copied is not None) == (device == "cuda")  # the pinned buffers' events exist on CUDA only
     columns = sync._columns(method, sync._effective_budget(method, budget))
 
-    def most(prompt: list[int]) -> int:  # the most max_new_tokens the overlapped engine lets a request ask
-        return overlapped.max_seq_len - len(prompt) - columns - overlapped._past_end_rows
+    def most(prompt: list[int]) -> int:  # the most max_new_tokens a request may ask
+        return sync.max_seq_len - len(prompt) - columns - sync.block_size
 
     first = sync.generate(GenerationRequest(input_ids=prompts[0], max_new_tokens=8), method=method, budget=budget)
     full = prompts[1] + prompts[1]
@@ -227,7 +219,7 @@ def test_overlapped_rounds_equal_unoverlapped_rounds(tiny_pair, prompts, method,
         want, got = (engine.generate_batch(requests, method=method, budget=budget) for engine in engines)
         assert [(o.output_ids, o.accept_lens, o.finish_reason) for o in got] == \
                [(o.output_ids, o.accept_lens, o.finish_reason) for o in want]
-        assert not overlapped._inflight and overlapped.num_active == 0
+        assert overlapped._inflight is None and overlapped.num_active == 0
     assert want[1].finish_reason == "stop" and len(want[0].output_ids) == most(full)
 
 

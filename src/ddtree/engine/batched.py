@@ -17,9 +17,7 @@ at the smallest bucket size >= n. One round, as named stages (keys of `ddtree.en
 emitted tokens once per round, which is the round's only synchronisation. With CUDA graphs rounds overlap
 (`overlap`): round R + 1 is enqueued before the host reads round R, so the host's bookkeeping (stop rules,
 callbacks, retiring finished rows) runs while the device decodes; a request that finishes in round R is decoded
-once more in R + 1 and those outputs are dropped (its slot has the working rows for it). `DDTREE_OVERLAP_DEPTH=2`
-keeps two rounds queued behind the one being read, so that a step whose host work outlasts a round (admissions,
-retirements) still finds the device busy. With `profile_stages`
+once more in R + 1 and those outputs are dropped (its slot has the working rows for it). With `profile_stages`
 rounds do not overlap, and CUDA events between the stage replays time them without adding synchronisations.
 
 Invariants between rounds, per active row: the target cache holds the committed tokens before the bonus in
@@ -30,10 +28,8 @@ rows [0, committed); the drafter cache holds context K/V of positions [0, commit
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,8 +126,6 @@ class _Active:
     output: GenerationOutput | None = None
     error: BaseException | None = None  # raised by its on_tokens callback (e.g. the client went away)
     first_slot: int | None = None  # overlapped rounds: its first token's slot in the host ring, not read yet
-    first_after: int = -1  # overlapped rounds: the last round launched before its admission (its first token is
-    # copied after that round: read it when that round or a later one is read, never earlier)
 
 
 @dataclass
@@ -142,7 +136,6 @@ class _Flight:
     entries: list[_Active]
     slot: int
     times: dict[str, float]
-    number: int = 0  # launch order
 
 
 class _Stage:
@@ -219,6 +212,8 @@ class BatchedEngine:
         self.block_size = self.drafter.block_size if self.drafter is not None else 1
         limit = target.shape.max_position_embeddings
         self.max_seq_len = round_up(min(max_seq_len or 4096, limit), 16)
+        # prompt + max_new_tokens the server may accept: the round's working rows (tree + block) come on top
+        self.max_context = self.max_seq_len - (self.budget + 1 + self.block_size)
         self.max_batch = int(max_batch)
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -272,23 +267,14 @@ class BatchedEngine:
         # Overlapped rounds (default with CUDA graphs): `step` enqueues round R + 1 before it reads round R's
         # outputs, so the device runs R + 1 while the host does R's bookkeeping (stop rules, callbacks, retiring
         # rows). A request that finishes in round R has decoded round R + 1 too; its outputs are dropped. Each
-        # launched round's outputs go to one of depth + 1 pinned host buffers, with an event per buffer.
-        # rounds kept in flight while the host reads the oldest (`DDTREE_OVERLAP_DEPTH`, default 1, 0 = off): with 2
-        # a step whose host work outlasts one round (admissions, retirements) still finds the device busy
-        depth = switches.current().overlap_depth
-        self.overlap = (self.use_graphs and depth > 0) if overlap is None else bool(overlap)
-        self.overlap_depth = max(1, depth) if self.overlap else 0
-        slots = self.overlap_depth + 1
-        # prompt + max_new_tokens the server may accept: the round's working rows come on top (the tree, and a
-        # block a round that may run past a request's end: its last round's surplus, the rounds in flight)
-        self.max_context = self.max_seq_len - (self.budget + 1 + self._past_end_rows)
+        # launched round's outputs go to one of two pinned host buffers, with an event per buffer.
+        self.overlap = (self.use_graphs and not switches.current().no_overlap) if overlap is None else bool(overlap)
         self._host_out = [(torch.empty((m, b), dtype=torch.int64, pin_memory=pin),
                            torch.empty((m, 2), dtype=torch.int64, pin_memory=pin),
-                           torch.empty((m, 2), dtype=torch.float32, pin_memory=pin)) for _ in range(slots)]
-        self._copied = [torch.cuda.Event() for _ in range(slots)] if pin else None
+                           torch.empty((m, 2), dtype=torch.float32, pin_memory=pin)) for _ in range(2)]
+        self._copied = [torch.cuda.Event() for _ in range(2)] if pin else None
         self._next_slot = 0
-        self._inflight: deque[_Flight] = deque()  # launched, not read yet (oldest first)
-        self._launches = itertools.count()
+        self._inflight: _Flight | None = None
         # admitted rows' first tokens, read with the next round (`_stage_first`), and the prefill's pinned inputs
         self._first_host = torch.empty(2 * m, dtype=torch.int64, pin_memory=pin)
         self._first_events = [torch.cuda.Event() for _ in range(2 * m)] if pin else []
@@ -393,12 +379,6 @@ class BatchedEngine:
 
     # ------------------------------------------------------------------------------ batch control
     @property
-    def _past_end_rows(self) -> int:
-        """Rows a request's slot needs beyond its prompt, max_new_tokens and one tree: up to a block a round for
-        its last round's surplus tokens and each further round in flight that decodes it past its end."""
-        return self.block_size * max(1, self.overlap_depth)
-
-    @property
     def num_active(self) -> int:
         return len(self._active)
 
@@ -414,8 +394,7 @@ class BatchedEngine:
             raise ValueError(f"method {method!r} needs a drafter; this pair has none")
         check_request_fields(request, self.vocab_size, has_tokenizer=self.tokenizer is not None)
         ids = request.input_ids
-        need = (len(ids) + request.max_new_tokens + self._columns(method, self._effective_budget(method, budget))
-                + self._past_end_rows)
+        need = len(ids) + request.max_new_tokens + self._columns(method, self._effective_budget(method, budget)) + self.block_size
         if need > self.max_seq_len:
             raise ValueError(
                 f"prompt ({len(ids)}) + max_new_tokens ({request.max_new_tokens}) + the round's "
@@ -442,7 +421,6 @@ class BatchedEngine:
         self._active.append(entry)
         if self.overlap:  # read with the next round's outputs: a read now would wait for the round in flight
             entry.first_slot = self._stage_first(row)
-            entry.first_after = self._inflight[-1].number if self._inflight else -1
         else:
             entry.t_first = time.perf_counter()
             self._emit(entry, [int(self.bonus[row])])
@@ -456,10 +434,9 @@ class BatchedEngine:
     def step(self) -> list[_Active]:
         """Run one round over the active rows; returns the requests that finished.
 
-        Overlapped (`overlap`, unless stages are profiled): enqueue the next round, then read and apply the oldest
-        round in flight once `overlap_depth` newer ones are queued behind it, so the requests returned finished
-        `overlap_depth` rounds ago (none until the queue is that deep). Otherwise the round is launched, read and
-        applied in this call."""
+        Overlapped (`overlap`, unless stages are profiled): enqueue the next round, then read and apply the previous
+        one's outputs while the device runs it, so the requests returned finished in the previous round (none
+        after the first launch). Otherwise the round is launched, read and applied in this call."""
         stats = self.loop_stats
         if not self.overlap or self.profile_stages:
             done = self._drain()  # a round left in flight when profiling was switched on
@@ -474,49 +451,39 @@ class BatchedEngine:
             stats.launch_s += t_launched - t_start
         else:
             done = []
-            t_wait = time.perf_counter()
-            while self._inflight and self._may_all_finish():
-                # a round launched now might only decode requests that end with the ones in flight: read the oldest
-                # first, and again while that holds (at batch 1 a dropped round would cost a whole round a request)
-                done += self._read_oldest()
-            stats.wait_s += time.perf_counter() - t_wait
+            if self._inflight is not None and self._may_all_finish(self._inflight):
+                # a round launched now might only decode requests that end with the one in flight: read that one
+                # first (at batch 1 a dropped round would cost a whole round a request)
+                t_wait = time.perf_counter()
+                done = self._drain()
+                stats.wait_s += time.perf_counter() - t_wait
             t_start = time.perf_counter()
-            if self._active:
-                self._inflight.append(self._launch())
+            flight = self._launch() if self._active else None
             t_launched = time.perf_counter()
             stats.launch_s += t_launched - t_start
-            if not self._inflight or (self._active and len(self._inflight) <= self.overlap_depth):
+            previous, self._inflight = self._inflight, flight
+            if previous is None:
                 return done
-            previous = self._inflight.popleft()
             outputs = self._read(previous)
             t_read = time.perf_counter()
             finished = self._apply(previous, outputs)
             if not self._active:
-                self._inflight.clear()  # every row of the rounds still in flight has finished: nothing to read
+                self._inflight = None  # every row of the round just launched has finished: nothing to read
         stats.wait_s += t_read - t_launched
         stats.post_s += time.perf_counter() - t_read
         return done + finished
 
-    def _may_all_finish(self) -> bool:
-        """Whether every request still decoding in the newest round in flight may reach its max_new_tokens with the
-        rounds in flight (a round emits at most block_size tokens a request, one for `ar`); stop tokens cannot be
-        foreseen."""
+    def _may_all_finish(self, flight: _Flight) -> bool:
+        """Whether every request still decoding in `flight` may reach its max_new_tokens with it (a round emits at
+        most block_size tokens a request, one for `ar`); stop tokens cannot be foreseen."""
         most = 1 if self._group is not None and self._group[0] == "ar" else self.block_size
-        most *= len(self._inflight)
         return all(e.request.max_new_tokens - len(e.state.output_ids) <= most
-                   for e in self._inflight[-1].entries if e.output is None)
+                   for e in flight.entries if e.output is None)
 
     def _drain(self) -> list[_Active]:
-        """Read and apply every round in flight, oldest first (switching to unoverlapped rounds)."""
-        finished = []
-        while self._inflight:
-            finished += self._read_oldest()
-        return finished
-
-    def _read_oldest(self) -> list[_Active]:
-        """Read and apply the oldest round in flight."""
-        flight = self._inflight.popleft()
-        return self._apply(flight, self._read(flight))
+        """Read and apply the round in flight, if any (switching to unoverlapped rounds)."""
+        flight, self._inflight = self._inflight, None
+        return self._apply(flight, self._read(flight)) if flight is not None else []
 
     def _launch(self) -> _Flight:
         """Enqueue one round over the active rows and the copy of its outputs to a host buffer."""
@@ -524,14 +491,14 @@ class BatchedEngine:
         n = len(self._active)
         bucket = next(b for b in self.buckets if b >= n)
         program = self._program(bucket, method, budget, self._variant())
-        slot, self._next_slot = self._next_slot, (self._next_slot + 1) % len(self._host_out)
+        slot, self._next_slot = self._next_slot, 1 - self._next_slot
         with torch.no_grad():
             times = self._run(program)
             for host, out in zip(self._host_out[slot], (self.out_tokens, self.out_counts, self.out_expected)):
                 host[:n].copy_(out[:n], non_blocking=self._copied is not None)
             if self._copied is not None:
                 self._copied[slot].record()
-        return _Flight(list(self._active), slot, times, next(self._launches))
+        return _Flight(list(self._active), slot, times)
 
     def _read(self, flight: _Flight) -> tuple[list, list, list]:
         """A launched round's emitted tokens, counts and expectations as Python lists (waits for that round only;
@@ -547,10 +514,9 @@ class BatchedEngine:
         request finished before (an overlapped round decodes them once more) are skipped."""
         tokens, counts, expected = outputs
         finished = []
-        # requests admitted before this round's launch or during the round before it: their first tokens come
-        # before any round's (a later admission's copy follows a round still in flight)
+        # requests admitted since the last read: their first tokens come before any round's
         for entry in self._active:
-            if entry.first_slot is not None and entry.first_after <= flight.number:
+            if entry.first_slot is not None:
                 first, entry.first_slot = self._read_first(entry.first_slot), None
                 entry.t_first = time.perf_counter()
                 self._emit(entry, [first])
@@ -670,10 +636,9 @@ class BatchedEngine:
             finished.append(entry)
             last = len(self._active) - 1
             moved = self._active[last]  # unfinished when last != row (higher finished rows went first)
-            # the moved request's committed rows: prompt + output, plus the tokens of the rounds in flight, which
-            # the host has not read (at least one round's: the first token and slack)
-            unread = self.block_size * max(1, len(self._inflight))
-            self._retire(last, row, len(moved.request.input_ids) + len(moved.state.output_ids) + unread)
+            # the moved request's committed rows: prompt + output, plus one round's tokens the host has not read
+            # when rounds overlap
+            self._retire(last, row, len(moved.request.input_ids) + len(moved.state.output_ids) + self.block_size)
             if row != last:
                 self._active[row] = self._active[last]
             self._active.pop()
@@ -721,7 +686,7 @@ class BatchedEngine:
         self.top_p.index_fill_(0, index, 1.0)
 
     def _fail_all(self, error: BaseException) -> list[_Active]:
-        self._inflight.clear()  # their outputs belong to the dropped requests
+        self._inflight = None  # its outputs belong to the dropped requests
         dropped, self._active = self._active, []
         self._group = None
         self._reset_rows(range(self.max_batch))
