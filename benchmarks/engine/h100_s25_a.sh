@@ -6,14 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source benchmarks/engine/device_env.sh
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/versions.txt"
-(timeout ${TESTS_S:-280} python3 -m pytest -q tests/engine/test_batched.py tests/engine/test_scheduler.py -k "cuda" \
-    > "$OUT/cuda_tests.txt" 2>&1; echo "cuda tests rc=$?" >> "$OUT/cuda_tests.txt") &
-train_minutes=${TRAIN_MINUTES:-4}
-OUT=/tmp/train_out timeout -k 5 $((train_minutes * 60 + 60)) python3 benchmarks/gpu_pair/train_and_eval.py \
-    --pair-dir /tmp/gpu-pair --eval-prompts 0 --max-minutes "$train_minutes" > /tmp/train.log 2>&1
-echo "train rc=$?"; cat /tmp/train_out/table.txt > "$OUT/train.txt" 2>/dev/null; cat "$OUT/train.txt"
-wait; grep -E "^FAILED" "$OUT/cuda_tests.txt"; tail -2 "$OUT/cuda_tests.txt"
+source benchmarks/engine/train_pair.sh
 timeout ${B1_S:-120} python3 -m ddtree.cli bench engine --model /tmp/gpu-pair --num-prompts 12 --max-new-tokens 128 \
     --budgets 32,64,128 --temperatures 0 --warmup-seconds 5 --repeats 2 > "$OUT/engine_b1.txt" 2>&1
 echo "== batch 1 rc=$?"; grep -E "^ *(ar|dflash|ddtree) " "$OUT/engine_b1.txt" | tail -10
