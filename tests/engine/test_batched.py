@@ -13,7 +13,7 @@ from ddtree import switches
 from ddtree.engine import GenerationRequest
 from ddtree.engine.batched import BatchedEngine, batch_buckets
 from ddtree.engine.engine import DecodingEngine
-from ddtree.engine.rng import mix32, request_keys, uniforms
+from ddtree.engine.rng import mix32, request_key, request_keys, uniforms
 from ddtree.models.pair import load_pair
 from ddtree.testing.interpreter import pytest_under_interpreter
 
@@ -140,6 +140,15 @@ def test_buckets():
     assert batch_buckets(1) == (1,)
     assert batch_buckets(6) == (1, 2, 4, 6)
     assert batch_buckets(8) == (1, 2, 4, 8)
+
+
+def test_the_host_request_key_equals_the_device_one():
+    """An admission hashes its seed on the host (`request_key`) for the device's `request_keys`: equal for every
+    int64, negative and past 32 bits included."""
+    seeds = [0, 1, -1, 7, 2**31, 2**32 - 1, 2**32, 2**62 + 12345, 2**63 - 1, -(2**63), -98765432123]
+    gen = torch.Generator().manual_seed(0)
+    seeds += torch.randint(-(2**63), 2**63 - 1, (200,), generator=gen, dtype=torch.int64).tolist()
+    assert [request_key(s) for s in seeds] == request_keys(torch.tensor(seeds, dtype=torch.int64)).tolist()
 
 
 def test_coins_match_an_integer_reference_and_look_uniform():

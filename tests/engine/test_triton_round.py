@@ -120,9 +120,70 @@ def test_round_commit_equals_torch(seed, batch, cols, depth, has_draft):
         assert torch.equal(state[key], want[key]), key
 
 
+def _row_state(rows: int, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
+    """Random per-row state with the engine's names, dtypes and shapes (pending [rows, block, H])."""
+    gen = torch.Generator().manual_seed(seed)
+    ints = {name: torch.randint(-5, 1 << 40, (rows,), generator=gen)
+            for name in ("committed", "bonus", "pending_len", "counter", "coin_key", "top_k")}
+    state = {**ints, "active_rows": torch.rand(rows, generator=gen) < 0.5,
+             "temperature": torch.rand(rows, generator=gen) * 2, "top_p": torch.rand(rows, generator=gen),
+             "draft_scale": torch.rand(rows, generator=gen).to(dtype),
+             "pending": torch.randn((rows, 3, 700), generator=gen).to(dtype)}  # 2,100 features: three programs
+    return {k: v.to(DEVICE) for k, v in state.items()}
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,row", [(torch.float32, 2), (torch.bfloat16, 0)])
+def test_admit_row_equals_torch(dtype, row):
+    """The admission's state writes in one launch == the engine's torch index writes (other rows untouched)."""
+    from ddtree.engine.triton_round import admit_row
+
+    state = _row_state(5, dtype, seed=row)
+    fields = torch.tensor([41, row, 20, 0x1234ABCD, 0, 0], dtype=torch.int64, device=DEVICE)
+    floats = fields[4:6].view(torch.float32)
+    scale = torch.tensor(1 / 1.7).to(dtype).float()  # the host rounds the scale to the model's dtype
+    floats.copy_(torch.tensor([0.7, 0.9, float(scale), 0.0], device=DEVICE))
+    pick = torch.tensor([77], dtype=torch.int64, device=DEVICE)
+    want = {k: v.clone() for k, v in state.items()}
+    for name, value in (("committed", 42), ("bonus", 77), ("pending_len", 0), ("active_rows", True),
+                        ("top_k", 20), ("coin_key", 0x1234ABCD), ("counter", 1)):
+        want[name][row] = value
+    want["temperature"][row], want["top_p"][row] = floats[0], floats[1]
+    want["draft_scale"][row] = floats[2].to(dtype)
+    admit_row(fields, floats, pick, state["committed"], state["bonus"], state["pending_len"], state["active_rows"],
+              state["temperature"], state["draft_scale"], state["top_k"], state["top_p"], state["coin_key"],
+              state["counter"])
+    for key in state:
+        assert torch.equal(state[key], want[key]), key
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,src,dst", [(torch.float32, 4, 1), (torch.bfloat16, 3, 0), (torch.float32, 2, 2),
+                                           (torch.bfloat16, 0, 0)])
+def test_retire_row_equals_torch(dtype, src, dst):
+    """The retirement's state move and clear in one launch == the engine's torch selects, copies and fills: row dst
+    takes row src's state (pending included), row src becomes a free row; src == dst only clears."""
+    from ddtree.engine.triton_round import retire_row
+
+    state = _row_state(5, dtype, seed=10 * src + dst)
+    want = {k: v.clone() for k, v in state.items()}
+    for t in want.values():
+        t[dst] = t[src].clone()
+    for name, value in (("committed", 0), ("bonus", 0), ("pending_len", 0), ("counter", 0), ("coin_key", 0),
+                        ("top_k", -1), ("active_rows", False), ("temperature", 0.0), ("top_p", 1.0),
+                        ("draft_scale", 1.0)):
+        want[name][src] = value
+    moves = torch.tensor([src, dst], dtype=torch.int64, device=DEVICE)
+    retire_row(moves, state["committed"], state["bonus"], state["pending_len"], state["counter"], state["coin_key"],
+               state["top_k"], state["active_rows"], state["temperature"], state["top_p"], state["draft_scale"],
+               state["pending"])
+    for key in state:
+        assert torch.equal(state[key], want[key]), key
+
+
 @pytest.mark.skipif(ON_CUDA or INTERPRET or not triton_attention.HAS_TRITON,
                     reason="the kernel tests run directly here (CUDA or the interpreter), or there is no triton")
 def test_round_kernels_under_the_interpreter():
     """CPU CI: this file's kernel tests in a child process under Triton's interpreter."""
     done = pytest_under_interpreter(__file__, "equals_torch")
-    assert done.returncode == 0 and "16 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0 and "22 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]

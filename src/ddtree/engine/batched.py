@@ -57,7 +57,7 @@ from ddtree.engine import triton_round
 from ddtree.engine.chain import build_chain, chain_parents
 from ddtree.engine.checks import check_budget, check_method, check_request_fields, resolve_dtype
 from ddtree.engine.fast_model import FusedDecoder, StaticDrafter, Visibility, family_of, round_up
-from ddtree.engine.rng import column_keys, keyed_uniforms, request_keys
+from ddtree.engine.rng import column_keys, keyed_uniforms, request_key
 from ddtree.engine.stopping import StopState, append_tokens
 from ddtree.engine.types import STAGES, GenerationOutput, GenerationRequest, LoopStats
 
@@ -87,8 +87,9 @@ Variant = tuple  # ("greedy",) or ("sample", top_k bucket, uses top_p, walks: LA
 # request draws the same tokens whatever shares its batch
 TORCH, LAZY, BOTH = 0, 1, 2
 # after a prompt's tokens, the staged prefill's input holds the admitted row's fields (`BatchedEngine._admit_row`):
-# last prompt index, row, top_k, seed, then temperature and top_p as two float32 in one int64
-ADMIT_FIELDS = 5
+# last prompt index, row, top_k, coin key, then temperature, top_p, the draft scale and a pad as four float32 in
+# two int64
+ADMIT_FIELDS = 6
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -669,7 +670,13 @@ class BatchedEngine:
         return self._retire_stage
 
     def _retire_fn(self) -> None:
-        """Capture-safe state part of `_retire`, reading the rows from `_retire_moves` [2] (src, dst)."""
+        """Capture-safe state part of `_retire`, reading the rows from `_retire_moves` [2] (src, dst); on CUDA one
+        launch (`triton_round.retire_row`) for the ~32 below."""
+        if self._round_kernels:
+            triton_round.retire_row(self._retire_moves, self.committed, self.bonus, self.pending_len, self.counter,
+                                    self.coin_key, self.top_k, self.active_rows, self.temperature, self.top_p,
+                                    self.draft_scale, self.pending)
+            return
         src, dst = self._retire_moves[0:1], self._retire_moves[1:2]
         for t in self._state_tensors():
             t.index_copy_(0, dst, t.index_select(0, src))
@@ -734,8 +741,11 @@ class BatchedEngine:
         width = length if length is not None else p
         host = torch.zeros(width + ADMIT_FIELDS, dtype=torch.int64)  # tokens (padded), then the admission fields
         host[:p] = torch.tensor(request.input_ids, dtype=torch.int64)
-        host[width : width + 4] = torch.tensor([p - 1, row, int(request.top_k), seed], dtype=torch.int64)
-        host[width + 4 :].view(torch.float32)[:] = torch.tensor([request.temperature, request.top_p])
+        host[width : width + 4] = torch.tensor([p - 1, row, int(request.top_k), request_key(seed)], dtype=torch.int64)
+        floats = host[width + 4 :].view(torch.float32)
+        floats[:3] = torch.tensor([request.temperature, request.top_p, 1.0])
+        if not self._raw_sampled_trees:  # in float32, then rounded to the model's dtype here (the device copies it)
+            floats[2] = tree_logit_scale(floats[0]).to(self.dtype).to(torch.float32)
         if length is not None:  # staged: padded to the bucket, one replay under graphs
             prog = self._prefill_program(length, with_drafter, row=row)
             self._copy_in(prog["inputs"], host)
@@ -791,21 +801,27 @@ class BatchedEngine:
 
     def _admit_row(self, fields: torch.Tensor, logits: torch.Tensor) -> None:
         """Capture-safe: the admitted row's state from its admission fields, int64 [ADMIT_FIELDS] = (last prompt
-        index, row, top_k, seed, temperature and top_p as two float32), and the prompt's last logits [1, 1, V]
-        (the greedy first token goes to `bonus`; a sampled one replaces it). On the device, so that admitting a
-        request costs no per-field launches (~60 of them, with the coin key's hashing, before)."""
+        index, row, top_k, coin key (`request_key` of the seed, on the host), then float32 temperature, top_p and
+        draft scale), and the prompt's last logits [1, 1, V] (the greedy first token goes to `bonus`; a sampled one
+        replaces it). On the device, so that admitting a request costs no per-field host copies; on CUDA the argmax
+        and one launch (`triton_round.admit_row`) for the ~12 index writes below."""
         row = fields[1:2]
-        floats = fields[4:5].view(torch.float32)  # [2]
+        floats = fields[4:6].view(torch.float32)  # [4]: temperature, top_p, draft scale, pad
+        pick = logits[:, 0].argmax(dim=-1)  # [1]
+        if self._round_kernels:
+            triton_round.admit_row(fields, floats, pick, self.committed, self.bonus, self.pending_len,
+                                   self.active_rows, self.temperature, self.draft_scale, self.top_k, self.top_p,
+                                   self.coin_key, self.counter)
+            return
         self.committed.index_copy_(0, row, fields[0:1] + 1)
-        self.bonus.index_copy_(0, row, logits[:, 0].argmax(dim=-1))
+        self.bonus.index_copy_(0, row, pick)
         self.pending_len.index_fill_(0, row, 0)
         self.active_rows.index_fill_(0, row, True)
         self.temperature.index_copy_(0, row, floats[0:1])
-        if not self._raw_sampled_trees:
-            self.draft_scale.index_copy_(0, row, tree_logit_scale(floats[0:1]).to(self.dtype))
+        self.draft_scale.index_copy_(0, row, floats[2:3].to(self.dtype))
         self.top_k.index_copy_(0, row, fields[2:3])
         self.top_p.index_copy_(0, row, floats[1:2])
-        self.coin_key.index_copy_(0, row, request_keys(fields[3:4]))
+        self.coin_key.index_copy_(0, row, fields[3:4])
         self.counter.index_fill_(0, row, 1)
 
     def _prefill_forward(self, tokens: torch.Tensor, last: torch.Tensor, target_cache, drafter_cache, *,

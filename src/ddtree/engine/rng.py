@@ -30,6 +30,22 @@ def request_keys(seed: torch.Tensor) -> torch.Tensor:
     return mix32(seed ^ mix32((seed >> 32) ^ 0x9E3779B9))
 
 
+def _mix32_int(x: int) -> int:
+    """`mix32` of one Python int (the same 32-bit arithmetic: masking after each product is what int64 keeps)."""
+    x &= _M32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def request_key(seed: int) -> int:
+    """`request_keys` of one seed, on the host: an admission passes its row's key with its other fields, so the
+    device spends no launches hashing it (equal to the tensor version for every int64 seed)."""
+    return _mix32_int(seed ^ _mix32_int((seed >> 32) ^ 0x9E3779B9))
+
+
 def column_keys(width: int, device: torch.device) -> torch.Tensor:
     """[width] int64: the per-column keys (fixed for a round width: computed once per width)."""
     return mix32(torch.arange(width, device=device, dtype=torch.int64) ^ 0xC2B2AE35)

@@ -15,6 +15,10 @@ each is one launch (session 12 on the H200: compile 0.074 -> 0.007 ms, walk 0.08
 - `commit_rows`: the commit's bookkeeping after the walk (emitted tokens, counts, committed length, bonus,
   coin counter, pending length: ~20 launches, 0.07 ms of the pair's round); the accepted K/V rows and the
   drafter's features stay torch (gathers and the drafter's projection).
+- `admit_row`: an admitted request's row state from its admission fields (~12 launches with the torch
+  index writes, after the argmax of its first token), inside the staged prefill's graph.
+- `retire_row`: a finished row takes the last active row's state and the vacated row is cleared (~32
+  launches: a select, a copy or a fill per state tensor), the retirement's graph.
 
 All equal the torch reference (`ddtree.core.attention.ancestor_mask`, `ddtree.core.walk.walk`,
 `ddtree.core.verify.commit` and the engine's torch updates) exactly: integers and copied floats, no arithmetic
@@ -115,6 +119,89 @@ if triton is not None:
         tl.store(committed_ptr + b, tl.load(committed_ptr + b) + kept_active)
         tl.store(bonus_ptr + b, pick)
         tl.store(counter_ptr + b, tl.load(counter_ptr + b) + 1)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _admit_row_kernel(fields_ptr, floats_ptr, pick_ptr, committed_ptr, bonus_ptr, pending_len_ptr, active_ptr,
+                          temperature_ptr, draft_scale_ptr, top_k_ptr, top_p_ptr, coin_key_ptr, counter_ptr):
+        row = tl.load(fields_ptr + 1)
+        tl.store(committed_ptr + row, tl.load(fields_ptr) + 1)
+        tl.store(bonus_ptr + row, tl.load(pick_ptr))
+        tl.store(pending_len_ptr + row, row * 0)
+        tl.store(active_ptr + row, (row * 0 + 1).to(tl.int8))
+        tl.store(top_k_ptr + row, tl.load(fields_ptr + 2))
+        tl.store(coin_key_ptr + row, tl.load(fields_ptr + 3))
+        tl.store(counter_ptr + row, row * 0 + 1)
+        tl.store(temperature_ptr + row, tl.load(floats_ptr))
+        tl.store(top_p_ptr + row, tl.load(floats_ptr + 1))
+        # a float32 the host already rounded to the model's dtype: the cast is exact
+        tl.store(draft_scale_ptr + row, tl.load(floats_ptr + 2).to(draft_scale_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _retire_row_kernel(moves_ptr, committed_ptr, bonus_ptr, pending_len_ptr, counter_ptr, coin_key_ptr,
+                           top_k_ptr, active_ptr, temperature_ptr, top_p_ptr, draft_scale_ptr, pending_ptr,
+                           PENDING: tl.constexpr, BLOCK: tl.constexpr):
+        src = tl.load(moves_ptr)
+        dst = tl.load(moves_ptr + 1)
+        move = src != dst
+        pid = tl.program_id(0)
+        if pid == 0:  # the per-row scalars: moved, then the source row cleared to a free row's state
+            tl.store(committed_ptr + dst, tl.load(committed_ptr + src), mask=move)
+            tl.store(bonus_ptr + dst, tl.load(bonus_ptr + src), mask=move)
+            tl.store(pending_len_ptr + dst, tl.load(pending_len_ptr + src), mask=move)
+            tl.store(counter_ptr + dst, tl.load(counter_ptr + src), mask=move)
+            tl.store(coin_key_ptr + dst, tl.load(coin_key_ptr + src), mask=move)
+            tl.store(top_k_ptr + dst, tl.load(top_k_ptr + src), mask=move)
+            tl.store(active_ptr + dst, tl.load(active_ptr + src), mask=move)
+            tl.store(temperature_ptr + dst, tl.load(temperature_ptr + src), mask=move)
+            tl.store(top_p_ptr + dst, tl.load(top_p_ptr + src), mask=move)
+            tl.store(draft_scale_ptr + dst, tl.load(draft_scale_ptr + src), mask=move)
+            zero = src * 0
+            tl.store(committed_ptr + src, zero)
+            tl.store(bonus_ptr + src, zero)
+            tl.store(pending_len_ptr + src, zero)
+            tl.store(counter_ptr + src, zero)
+            tl.store(coin_key_ptr + src, zero)
+            tl.store(top_k_ptr + src, zero - 1)
+            tl.store(active_ptr + src, zero.to(tl.int8))
+            tl.store(temperature_ptr + src, zero.to(tl.float32))
+            tl.store(top_p_ptr + src, (zero + 1).to(tl.float32))
+            tl.store(draft_scale_ptr + src, (zero + 1).to(tl.float32).to(draft_scale_ptr.dtype.element_ty))
+        else:  # the pending context features [block, H] of the row, BLOCK elements a program (moved, not cleared)
+            offs = (pid - 1) * BLOCK + tl.arange(0, BLOCK)
+            live = (offs < PENDING) & move
+            tl.store(pending_ptr + dst * PENDING + offs, tl.load(pending_ptr + src * PENDING + offs, mask=live),
+                     mask=live)
+
+
+def admit_row(fields: torch.Tensor, floats: torch.Tensor, pick: torch.Tensor, committed: torch.Tensor,
+              bonus: torch.Tensor, pending_len: torch.Tensor, active: torch.Tensor, temperature: torch.Tensor,
+              draft_scale: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, coin_key: torch.Tensor,
+              counter: torch.Tensor) -> None:
+    """An admitted row's state in one launch: row fields[1] gets committed = fields[0] + 1, bonus = pick[0], pending
+    length 0, active, top_k = fields[2], coin key = fields[3], counter 1, temperature / top_p / draft scale =
+    floats[0:3] (the scale a float32 of draft_scale's dtype: cast exactly). fields int64, floats float32, pick [1]
+    int64; the state
+    tensors are the engine's [max_batch] rows (active bool)."""
+    _admit_row_kernel[(1,)](fields, floats, pick, committed, bonus, pending_len, active.view(torch.int8),
+                            temperature, draft_scale, top_k, top_p, coin_key, counter, num_warps=1)
+
+
+def retire_row(moves: torch.Tensor, committed: torch.Tensor, bonus: torch.Tensor, pending_len: torch.Tensor,
+               counter: torch.Tensor, coin_key: torch.Tensor, top_k: torch.Tensor, active: torch.Tensor,
+               temperature: torch.Tensor, top_p: torch.Tensor, draft_scale: torch.Tensor,
+               pending: torch.Tensor) -> None:
+    """moves [2] int64 = (src, dst): row dst takes row src's state (every tensor given; pending [max_batch, ...]
+    whole rows), then row src is cleared to a free row's state (0, top_k -1, inactive, temperature 0, top_p and
+    draft scale 1; pending is left: nothing reads a free row's). src == dst only clears."""
+    per_row = pending[0].numel()
+    block = 1024
+    _retire_row_kernel[(1 + triton.cdiv(per_row, block),)](
+        moves, committed, bonus, pending_len, counter, coin_key, top_k, active.view(torch.int8), temperature, top_p,
+        draft_scale, pending, PENDING=per_row, BLOCK=block, num_warps=4,
+    )
 
 
 def compile_tree(tree: DDTreeBuildResult, bonus: torch.Tensor, committed: torch.Tensor
