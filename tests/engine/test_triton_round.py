@@ -181,6 +181,28 @@ def test_retire_row_equals_torch(dtype, src, dst):
         assert torch.equal(state[key], want[key]), key
 
 
+@pytest.mark.skipif(not triton_attention.HAS_TRITON or INTERPRET, reason="needs triton's compiler")
+@pytest.mark.parametrize("model_dtype", ["bf16", "fp32"])
+def test_state_kernels_compile_for_sm_90(model_dtype):
+    """The admission's and retirement's kernels compile for an H100 / H200 (sm_90) on any host: the interpreter runs
+    their semantics on the CPU, this their code generation, before device time is spent."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ddtree.engine import triton_round
+
+    pointer_types = {"floats_ptr": "*fp32", "temperature_ptr": "*fp32", "top_p_ptr": "*fp32", "active_ptr": "*i8",
+                     "draft_scale_ptr": f"*{model_dtype}", "pending_ptr": f"*{model_dtype}"}
+    for kernel, constexprs, warps in ((triton_round._admit_row_kernel, {}, 1),
+                                      (triton_round._retire_row_kernel, {"PENDING": 16 * 512, "BLOCK": 1024}, 4)):
+        names = kernel.arg_names
+        signature = {n: "constexpr" if n in constexprs else pointer_types.get(n, "*i64") for n in names}
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        assert ".entry" in compiled.asm["ptx"]
+
+
 @pytest.mark.skipif(ON_CUDA or INTERPRET or not triton_attention.HAS_TRITON,
                     reason="the kernel tests run directly here (CUDA or the interpreter), or there is no triton")
 def test_round_kernels_under_the_interpreter():
