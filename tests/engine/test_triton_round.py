@@ -273,8 +273,9 @@ def test_retire_row_equals_torch(dtype, src, dst):
 @pytest.mark.skipif(not triton_attention.HAS_TRITON or INTERPRET, reason="needs triton's compiler")
 @pytest.mark.parametrize("model_dtype", ["bf16", "fp32"])
 def test_state_kernels_compile_for_sm_90(model_dtype):
-    """The admission's and retirement's kernels compile for an H100 / H200 (sm_90) on any host: the interpreter runs
-    their semantics on the CPU, this their code generation, before device time is spent."""
+    """The admission's, retirement's, compile's and commit's kernels (the last two with and without the chunked
+    prefill) compile for an H100 / H200 (sm_90) on any host: the interpreter runs their semantics on the CPU, this
+    their code generation, before device time is spent."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -282,11 +283,19 @@ def test_state_kernels_compile_for_sm_90(model_dtype):
     from ddtree.engine import triton_round
 
     pointer_types = {"floats_ptr": "*fp32", "temperature_ptr": "*fp32", "top_p_ptr": "*fp32", "active_ptr": "*i8",
-                     "draft_scale_ptr": f"*{model_dtype}", "pending_ptr": f"*{model_dtype}"}
-    for kernel, constexprs, warps in ((triton_round._admit_row_kernel, {}, 1),
-                                      (triton_round._retire_row_kernel, {"PENDING": 16 * 512, "BLOCK": 1024}, 4)):
+                     "draft_scale_ptr": f"*{model_dtype}", "pending_ptr": f"*{model_dtype}", "mask_ptr": "*i8",
+                     "prefilling_ptr": "*i8", "bad_ptr": "*i8", "expected_ptr": "*fp32", "entropy_ptr": "*fp32",
+                     "out_exp_ptr": "*fp32"}
+    scalars = {"N", "W", "OUT_W", "CHUNK", "prompt_stride"}
+    kernels = [(triton_round._admit_row_kernel, {}, 1),
+               (triton_round._retire_row_kernel, {"PENDING": 16 * 512, "BLOCK": 1024}, 4)]
+    for chunked in (False, True):  # the round's compile and commit, with and without the chunked prefill
+        kernels += [(triton_round._compile_tree_kernel, {"ROWS": 16, "NP": 64, "CHUNKED": chunked}, 4),
+                    (triton_round._commit_rows_kernel, {"HAS_DRAFT": True, "WP": 16, "CHUNKED": chunked}, 1)]
+    for kernel, constexprs, warps in kernels:
         names = kernel.arg_names
-        signature = {n: "constexpr" if n in constexprs else pointer_types.get(n, "*i64") for n in names}
+        signature = {n: "constexpr" if n in constexprs else "i64" if n in scalars else pointer_types.get(n, "*i64")
+                     for n in names}
         compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
                                   target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
         assert ".entry" in compiled.asm["ptx"]
