@@ -90,6 +90,31 @@ def test_batched_equals_alone_with_joins_and_leaves(engine, prompts, method, bud
     assert engine.num_active == 0
 
 
+def test_auto_chunking_prefills_alone_and_chunks_beside_decoding_rows(pair, prompts, monkeypatch):
+    """The chunked prefill's default policy ("auto"): a prompt is chunked only when its chunks take no more rounds
+    than the rows already decoding (the rows its forward would stall); the first request of a batch, and a prompt
+    of more chunks than there are decoding rows, is prefilled by a forward. Both kinds in one batch decode the tokens
+    of an engine that never chunks."""
+    auto = BatchedEngine(pair, budget=8, max_batch=4, chunked_prefill="auto")
+    never = BatchedEngine(pair, budget=8, max_batch=4, chunked_prefill=False)
+    assert auto.chunk_policy == "auto" and never.chunk_policy == "never" and not never.chunked_prefill
+    taken = []
+    for name in ("_admit_chunked", "_prefill"):
+        original = getattr(auto, name)
+        monkeypatch.setattr(auto, name, lambda *a, _f=original, _n=name, **k: (taken.append(_n), _f(*a, **k))[1])
+    requests = _requests(prompts)
+    got = auto.generate_batch(requests, method="ddtree", budget=8)
+    want = never.generate_batch(requests, method="ddtree", budget=8)
+    assert [o.output_ids for o in got] == [o.output_ids for o in want]
+    width = auto._chunk_width("ddtree", 8)
+    rounds = [-(-(len(p) - 1) // width) for p in prompts]
+    assert taken[0] == "_prefill"  # alone: the forward stalls no one
+    assert taken[1:4] == ["_admit_chunked" if r <= i else "_prefill" for i, r in zip((1, 2, 3), rounds[1:4])]
+    assert "_admit_chunked" in taken and rounds[3] > 3  # the long prompt, beside three rows, takes the forward
+    with pytest.raises(ValueError, match="chunked_prefill"):
+        BatchedEngine(pair, budget=8, max_batch=2, chunked_prefill="sometimes")
+
+
 def test_stop_tokens_and_first_token_finish(engine, prompts):
     first = engine.generate(GenerationRequest(input_ids=prompts[0], max_new_tokens=8))
     stop = first.output_ids[3]

@@ -182,7 +182,7 @@ class BatchedEngine:
         max_seq_len: int | None = None,
         cuda_graphs: bool = True,
         prefill_graphs: bool | None = None,
-        chunked_prefill: bool | None = None,
+        chunked_prefill: bool | str | None = None,
         profile_stages: bool = False,
         overlap: bool | None = None,
         attention: str = "auto",
@@ -248,16 +248,23 @@ class BatchedEngine:
             self.staging_target = target.allocate_cache(1, top)
             self.staging_drafter = (self.drafter.allocate_cache(1, top, dev, self.dtype)
                                     if self.drafter is not None else None)
-        # Chunked prefill (default under graphs, `dflash` and `ddtree`): an admitted prompt is not prefilled by a forward
-        # of its own, which stalls every row of the batch (~0.48 ms of device time a request on an H100 for the `gpu`
-        # pair, against ~0.47 ms rounds, and at 8 concurrent requests a join every ~3 rounds), but verified by the
-        # row's next rounds: each takes the next `columns` prompt tokens as a causal chain in place of the row's tree
+        # Chunked prefill (`dflash` and `ddtree`): an admitted prompt is not prefilled by a forward of its own, which
+        # stalls every row of the batch (~0.48 ms of device time a request on an H100 for the `gpu` pair, against
+        # ~0.47 ms rounds, and at 8 concurrent requests a join every ~3 rounds), but verified by the row's next rounds:
+        # each takes the next `columns` prompt tokens as a causal chain in place of the row's tree
         # (`triton_round.PromptChunks`), keeps them and emits nothing, until the last prompt token is the root of the
-        # row's first decoding round. The rows' pending context is widened to the round's columns for it. `ar`
-        # (one column a round) keeps the staged prefill.
-        self.chunked_prefill = self.drafter is not None and (
-            (self.use_graphs and not switches.current().no_chunked_prefill) if chunked_prefill is None
-            else bool(chunked_prefill))
+        # row's first decoding round. The rows' pending context is widened to the round's columns for it. `ar` (one
+        # column a round) keeps the staged prefill. Policy (`chunk_policy`): "auto" (default under graphs) chunks a
+        # prompt when its chunks take no more rounds than the rows already decoding, which its forward would stall (a
+        # prefill forward costs about a round at these prompt lengths; alone in the batch, or with a long prompt, the
+        # forward is cheaper); "always" (True), "never" (False, DDTREE_NO_CHUNKED_PREFILL, the default off CUDA).
+        if chunked_prefill is None:
+            chunked_prefill = "auto" if self.use_graphs and not switches.current().no_chunked_prefill else "never"
+        policy = {True: "always", False: "never"}.get(chunked_prefill, chunked_prefill)  # type: ignore[call-overload]
+        if policy not in ("auto", "always", "never"):
+            raise ValueError(f"chunked_prefill must be a bool, 'auto', 'always' or 'never', got {chunked_prefill!r}")
+        self.chunk_policy = policy if self.drafter is not None else "never"
+        self.chunked_prefill = self.chunk_policy != "never"
         b = self.block_size
         i64 = dict(dtype=torch.int64, device=dev)
         self.committed = torch.zeros(m, **i64)
@@ -346,8 +353,8 @@ class BatchedEngine:
                     log.info("round program %s budget %d bucket %d %s: %.2f s", method,
                              self._effective_budget(method, budget), bucket, variant[0], time.perf_counter() - t)
         t = time.perf_counter()
-        staged = [(method, budget) for method, budget in pairs  # the chunked prefill admits without a forward
-                  if not self._chunk_width(method, self._effective_budget(method, budget))]
+        staged = [(method, budget) for method, budget in pairs  # unless every prompt is chunked
+                  if self.chunk_policy != "always" or not self._chunk_width(method, self._effective_budget(method, budget))]
         for with_drafter in sorted({method != "ar" and self.drafter is not None for method, _ in staged}):
             for length in self.prefill_buckets:
                 with torch.no_grad():
@@ -438,6 +445,8 @@ class BatchedEngine:
         entry = _Active(request=request, state=StopState(output_ids=[]),
                         append=self._appender(request), on_tokens=on_tokens, t_arrival=t_arrival)
         chunk = self._chunk_width(method, self._effective_budget(method, budget))
+        if chunk and self.chunk_policy == "auto" and -(-(len(request.input_ids) - 1) // chunk) > row:
+            chunk = 0  # its chunks would take more rounds than the rows its forward stalls
         with torch.no_grad():
             if chunk:
                 self._admit_chunked(row, request)
