@@ -11,7 +11,6 @@ job in normal use: with none set, each job takes its one fastest measured path (
 | `DDTREE_STATS_PROGRAMS`        | `stats_programs`        | programs the builder's statistics kernel aims for     |
 | `DDTREE_NO_OVERLAP=1`          | `no_overlap`            | the batched engine's CUDA rounds do not overlap       |
 | `DDTREE_RAW_SAMPLED_TREES=1`   | `raw_sampled_trees`     | trees of sampled rows on the raw draft logits (no tree temperature) |
-| `DDTREE_NO_CHUNKED_PREFILL=1`  | `no_chunked_prefill`    | CUDA draft methods prefill a prompt in a forward of its own, not in the rounds |
 
 Code reads `current()`. The environment is read once, on the first call (set the variables before the process
 starts); benchmarks and tests change switches for a block with `override(...)`. Path choices are cached per device
@@ -39,7 +38,6 @@ class Switches:
     stats_programs: int = DEFAULT_STATS_PROGRAMS
     no_overlap: bool = False
     raw_sampled_trees: bool = False
-    no_chunked_prefill: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -59,7 +57,6 @@ ENV = {  # field -> environment variable
     "stats_programs": "DDTREE_STATS_PROGRAMS",
     "no_overlap": "DDTREE_NO_OVERLAP",
     "raw_sampled_trees": "DDTREE_RAW_SAMPLED_TREES",
-    "no_chunked_prefill": "DDTREE_NO_CHUNKED_PREFILL",
 }
 
 

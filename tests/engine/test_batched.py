@@ -18,7 +18,7 @@ from ddtree.models.pair import load_pair
 from ddtree.testing.interpreter import pytest_under_interpreter
 
 CONFIGS = [("ar", 1), ("dflash", 1), ("ddtree", 16), ("ddtree", 5)]
-# mixed prompt lengths: the chunked prefill takes one round (or none) for most, several for the fourth
+# mixed prompt lengths: the fourth spans several rounds' columns
 TEXTS = ["def main(", "import os\nclass Foo:\n    def", "for i in range(",
          "x = [1, 2]\nfor key, value in sorted(table.items()):\n    if value is None:\n        continue\n    y",
          "return self."]
@@ -29,15 +29,11 @@ def pair(tiny_pair):
     return load_pair(tiny_pair)
 
 
-@pytest.fixture(scope="module", params=[(False, False), (True, False), (True, True)],
-                ids=["sync", "overlap", "overlap-chunked"])
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "overlap"])
 def engine(tiny_pair, request):
     """Both round schedules: the unoverlapped one, and overlapped rounds (the default with CUDA graphs), whose
-    bookkeeping (a round read one step late, finished rows decoded once more and skipped) runs the same on the CPU;
-    and overlapped rounds with the chunked prefill (the CUDA default: prompts verified through the rounds)."""
-    overlap, chunked = request.param
-    return BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=16, max_batch=4, overlap=overlap,
-                         chunked_prefill=chunked)
+    bookkeeping (a round read one step late, finished rows decoded once more and skipped) runs the same on the CPU."""
+    return BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=16, max_batch=4, overlap=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +53,8 @@ def test_greedy_equals_the_hugging_face_engine(pair, engine, prompts, method, bu
         want = reference.generate(request, method=method, budget=budget)
         got = engine.generate(request, method=method, budget=budget)
         assert got.output_ids == want.output_ids
+        assert got.accept_lens == want.accept_lens
         assert got.finish_reason == want.finish_reason
-        if engine._chunk_width(method, engine._effective_budget(method, budget)):
-            # the first token comes from a round (rooted at the prompt's last token), not from the prefill: the
-            # rounds differ, and each emits its accepted drafts and a bonus (the last one cut at max_new_tokens)
-            emitted = [a + 1 for a in got.accept_lens]
-            assert sum(emitted) >= len(got.output_ids) > sum(emitted[:-1])
-        else:
-            assert got.accept_lens == want.accept_lens
 
 
 def test_loop_stats_count_rounds_rows_and_admissions(tiny_pair, prompts):
@@ -88,31 +78,6 @@ def test_batched_equals_alone_with_joins_and_leaves(engine, prompts, method, bud
         assert t.output_ids == a.output_ids
         assert t.accept_lens == a.accept_lens
     assert engine.num_active == 0
-
-
-def test_auto_chunking_prefills_alone_and_chunks_beside_decoding_rows(pair, prompts, monkeypatch):
-    """The chunked prefill's default policy ("auto"): a prompt is chunked only when its chunks take no more rounds
-    than the rows already decoding (the rows its forward would stall); the first request of a batch, and a prompt
-    of more chunks than there are decoding rows, is prefilled by a forward. Both kinds in one batch decode the tokens
-    of an engine that never chunks."""
-    auto = BatchedEngine(pair, budget=8, max_batch=4, chunked_prefill="auto")
-    never = BatchedEngine(pair, budget=8, max_batch=4, chunked_prefill=False)
-    assert auto.chunk_policy == "auto" and never.chunk_policy == "never" and not never.chunked_prefill
-    taken = []
-    for name in ("_admit_chunked", "_prefill"):
-        original = getattr(auto, name)
-        monkeypatch.setattr(auto, name, lambda *a, _f=original, _n=name, **k: (taken.append(_n), _f(*a, **k))[1])
-    requests = _requests(prompts)
-    got = auto.generate_batch(requests, method="ddtree", budget=8)
-    want = never.generate_batch(requests, method="ddtree", budget=8)
-    assert [o.output_ids for o in got] == [o.output_ids for o in want]
-    width = auto._chunk_width("ddtree", 8)
-    rounds = [-(-(len(p) - 1) // width) for p in prompts]
-    assert taken[0] == "_prefill"  # alone: the forward stalls no one
-    assert taken[1:4] == ["_admit_chunked" if r <= i else "_prefill" for i, r in zip((1, 2, 3), rounds[1:4])]
-    assert "_admit_chunked" in taken and rounds[3] > 3  # the long prompt, beside three rows, takes the forward
-    with pytest.raises(ValueError, match="chunked_prefill"):
-        BatchedEngine(pair, budget=8, max_batch=2, chunked_prefill="sometimes")
 
 
 def test_stop_tokens_and_first_token_finish(engine, prompts):
@@ -212,18 +177,15 @@ def test_coins_match_an_integer_reference_and_look_uniform():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("chunked", [True, False], ids=["chunked-prefill", "staged-prefill"])
 @pytest.mark.parametrize("method,budget", CONFIGS)
-def test_cuda_graph_rounds_equal_eager_rounds(tiny_pair, prompts, method, budget, chunked):
-    graphed = BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, device="cuda", dtype=torch.float32,
-                            chunked_prefill=chunked)
+def test_cuda_graph_rounds_equal_eager_rounds(tiny_pair, prompts, method, budget):
+    graphed = BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, device="cuda", dtype=torch.float32)
     eager = BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, device="cuda", dtype=torch.float32,
-                          cuda_graphs=False, chunked_prefill=chunked)
+                          cuda_graphs=False)
     # the torch reference attention (SDPA over the whole slot) against the Triton kernel the others use
     reference = BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, device="cuda", dtype=torch.float32,
-                              cuda_graphs=False, attention="sdpa", chunked_prefill=chunked)
+                              cuda_graphs=False, attention="sdpa")
     assert graphed.target.attention.backend == "triton"
-    assert graphed.chunked_prefill == chunked
     graphed.warmup([(method, budget)])
     for sampling in ({}, {"temperature": 0.9, "seed": 3}):
         requests = _requests(prompts, **sampling)
@@ -235,18 +197,17 @@ def test_cuda_graph_rounds_equal_eager_rounds(tiny_pair, prompts, method, budget
             assert [x.output_ids for x in a] == [x.output_ids for x in c]
 
 
-@pytest.mark.parametrize("device,chunked", [("cpu", False), ("cpu", True), pytest.param("cuda", None, marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="CUDA streams, events and pinned buffers need a GPU"))],
-    ids=["cpu", "cpu-chunked", "cuda"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA streams, events and pinned buffers need a GPU"))])
 @pytest.mark.parametrize("method,budget", CONFIGS)
-def test_overlapped_rounds_equal_unoverlapped_rounds(tiny_pair, prompts, method, budget, device, chunked):
+def test_overlapped_rounds_equal_unoverlapped_rounds(tiny_pair, prompts, method, budget, device):
     """The overlapped schedule (on CUDA: each round's outputs copied to one of two pinned buffers and read one step
     late through its event, the prefill's inputs through a ring of pinned buffers, first tokens read with the next
     round; the Triton round kernels) decodes the same tokens, acceptances and finish reasons as the unoverlapped
     one: requests joining and leaving, stop tokens, first-token finishes, seeded sampling, and a request that
     fills its slot to the engine's max_seq_len while a neighbour goes on."""
     engines = [BatchedEngine(load_pair(tiny_pair), budget=16, max_batch=4, max_seq_len=128, device=device,
-                             dtype=torch.float32, overlap=overlap, chunked_prefill=chunked) for overlap in (False, True)]
+                             dtype=torch.float32, overlap=overlap) for overlap in (False, True)]
     sync, overlapped = engines
     assert overlapped.overlap and not sync.overlap
     assert (overlapped._copied is not None) == (device == "cuda")  # the pinned buffers' events exist on CUDA only
@@ -418,17 +379,14 @@ def test_a_mixed_batch_walks_each_row_its_own_way(tiny_pair):
 
 
 @needs_lazy_walk
-@pytest.mark.parametrize("method,budget,temperature,chunked", [
-    ("ddtree", 8, 0.0, False), ("dflash", 15, 0.0, False), ("ar", 1, 0.0, False), ("ddtree", 8, 1.0, False),
-    ("ddtree", 8, 0.0, True), ("dflash", 15, 0.0, True), ("ddtree", 8, 1.0, True)])
-def test_round_kernels_decode_as_the_torch_stages(tiny_pair, prompts, method, budget, temperature, chunked):
+@pytest.mark.parametrize("method,budget,temperature", [("ddtree", 8, 0.0), ("dflash", 15, 0.0), ("ar", 1, 0.0),
+                                                       ("ddtree", 8, 1.0)])
+def test_round_kernels_decode_as_the_torch_stages(tiny_pair, prompts, method, budget, temperature):
     """On CUDA the tree compile, the greedy walk and the commit's bookkeeping are one Triton launch each
     (`triton_round`): a batch with joins and leaves decodes the same tokens, acceptances and finish reasons
-    through them as through the torch stages, greedy and (seeded) sampled, with the prompt prefilled by a forward
-    or (chunked) through the rounds."""
+    through them as through the torch stages, greedy and (seeded) sampled."""
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU under the interpreter
-    engine = BatchedEngine(load_pair(tiny_pair), method=method, budget=budget, max_batch=3, device=device,
-                           chunked_prefill=chunked)
+    engine = BatchedEngine(load_pair(tiny_pair), method=method, budget=budget, max_batch=3, device=device)
     requests = _requests(prompts, temperature=temperature, seed=11)
     for kernels in (False, True):
         engine._round_kernels = kernels
@@ -448,7 +406,7 @@ def test_lazy_walk_tests_under_the_interpreter():
     """CPU CI has no GPU: run the lazy-walk tests above in a child process under Triton's interpreter (which must
     be set before triton is imported)."""
     done = pytest_under_interpreter(__file__, "lazy_walk_makes or mixed_batch_walks or round_kernels_decode")
-    assert done.returncode == 0 and "9 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0 and "6 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
 
 
 def test_warmup_prepares_every_temperature_only_walk(tiny_pair):
@@ -569,7 +527,7 @@ def test_sampled_rows_draft_at_the_tree_temperature(pair, prompts):
             engine.admit(GenerationRequest(input_ids=ids, max_new_tokens=8, temperature=temperature, seed=3),
                          method="ddtree", budget=8)
         engine.step()
-        return engine._draft_logits[(2, engine.block_size)].clone()  # [2, D, V]: the bucket of 2 rows, the block
+        return engine._draft_logits[2].clone()  # [2, D, V]: the bucket of 2 rows
 
     tempered, raw = first_round_logits(), first_round_logits(raw_sampled_trees=True)
     assert torch.equal(tempered[0], raw[0])

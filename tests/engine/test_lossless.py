@@ -141,13 +141,11 @@ def test_prefix_cells_partition_the_law(engine, prompt):
     assert any(len(k) == LENGTH and REST not in k for k in cells)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["prefill", "chunked-prefill"])
-def batched(tiny_pair, request):
-    """The batched engine with the prompt prefilled by a forward of its own, and verified through the rounds (the
-    chunked prefill, CUDA's default: the 32-token prompt takes 2 rounds at budget 16, 4 at budget 8)."""
+@pytest.fixture(scope="module")
+def batched(tiny_pair):
     from ddtree.engine.batched import BatchedEngine
 
-    return BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=16, max_batch=8, chunked_prefill=request.param)
+    return BatchedEngine(load_pair(tiny_pair), method="ddtree", budget=16, max_batch=8)
 
 
 def _sample_batched(engine, prompt, method, budget, seed0, sampling):

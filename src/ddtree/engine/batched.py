@@ -86,11 +86,10 @@ Variant = tuple  # ("greedy",) or ("sample", top_k bucket, uses top_p, walks: LA
 # which sampled walks a round runs: every row takes the walk its own parameters choose (`lazy_rows`), so a seeded
 # request draws the same tokens whatever shares its batch
 TORCH, LAZY, BOTH = 0, 1, 2
-# the admitted row's fields (`BatchedEngine._admit_row`; after the prompt's tokens in the staged prefill's input, before
-# them in the chunked admission's): last prompt index (-1: chunked, nothing committed), row, top_k, coin key, then
-# temperature, top_p, the draft scale and a pad as four float32 in two int64, then prefill_end (chunked: the last
-# prompt index; 0 otherwise)
-ADMIT_FIELDS = 7
+# after a prompt's tokens, the staged prefill's input holds the admitted row's fields (`BatchedEngine._admit_row`):
+# last prompt index, row, top_k, coin key, then temperature, top_p, the draft scale and a pad as four float32 in
+# two int64
+ADMIT_FIELDS = 6
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -128,7 +127,6 @@ class _Active:
     output: GenerationOutput | None = None
     error: BaseException | None = None  # raised by its on_tokens callback (e.g. the client went away)
     first_slot: int | None = None  # overlapped rounds: its first token's slot in the host ring, not read yet
-    prefill_rounds: int = 0  # chunked prefill: rounds still to read that verify its prompt (they emit nothing)
 
 
 @dataclass
@@ -182,7 +180,6 @@ class BatchedEngine:
         max_seq_len: int | None = None,
         cuda_graphs: bool = True,
         prefill_graphs: bool | None = None,
-        chunked_prefill: bool | str | None = None,
         profile_stages: bool = False,
         overlap: bool | None = None,
         attention: str = "auto",
@@ -248,34 +245,12 @@ class BatchedEngine:
             self.staging_target = target.allocate_cache(1, top)
             self.staging_drafter = (self.drafter.allocate_cache(1, top, dev, self.dtype)
                                     if self.drafter is not None else None)
-        # Chunked prefill (`dflash` and `ddtree`): an admitted prompt is not prefilled by a forward of its own, which
-        # stalls every row of the batch (~0.48 ms of device time a request on an H100 for the `gpu` pair, against
-        # ~0.47 ms rounds, and at 8 concurrent requests a join every ~3 rounds), but verified by the row's next rounds:
-        # each takes the next `columns` prompt tokens as a causal chain in place of the row's tree
-        # (`triton_round.PromptChunks`), keeps them and emits nothing, until the last prompt token is the root of the
-        # row's first decoding round. The rows' pending context is widened to the round's columns for it. `ar` (one
-        # column a round) keeps the staged prefill. Policy (`chunk_policy`): "auto" (default under graphs) chunks a
-        # prompt when its chunks take no more rounds than the rows already decoding, which its forward would stall (a
-        # prefill forward costs about a round at these prompt lengths; alone in the batch, or with a long prompt, the
-        # forward is cheaper); "always" (True), "never" (False, DDTREE_NO_CHUNKED_PREFILL, the default off CUDA).
-        if chunked_prefill is None:
-            chunked_prefill = "auto" if self.use_graphs and not switches.current().no_chunked_prefill else "never"
-        policy = {True: "always", False: "never"}.get(chunked_prefill, chunked_prefill)  # type: ignore[call-overload]
-        if policy not in ("auto", "always", "never"):
-            raise ValueError(f"chunked_prefill must be a bool, 'auto', 'always' or 'never', got {chunked_prefill!r}")
-        self.chunk_policy = policy if self.drafter is not None else "never"
-        self.chunked_prefill = self.chunk_policy != "never"
         b = self.block_size
         i64 = dict(dtype=torch.int64, device=dev)
         self.committed = torch.zeros(m, **i64)
         self.bonus = torch.zeros(m, **i64)
-        self.pending_width = max(b, self.budget + 1) if self.chunked_prefill else b
-        self.pending = torch.zeros((m, self.pending_width, target.shape.hidden_size), dtype=self.dtype, device=dev)
+        self.pending = torch.zeros((m, b, target.shape.hidden_size), dtype=self.dtype, device=dev)
         self.pending_len = torch.zeros(m, **i64)
-        self.prefill_end = torch.zeros(m, **i64)  # chunked prefill: the prompt's last index while it prefills, else 0
-        self.prompt_ids = torch.zeros((m, self.max_seq_len if self.chunked_prefill else 1), **i64)
-        # the chunked admission's device input: the admission fields, then the prompt
-        self._admit_inputs = torch.zeros(ADMIT_FIELDS + self.max_seq_len if self.chunked_prefill else 0, **i64)
         self.active_rows = torch.zeros(m, dtype=torch.bool, device=dev)
         self.temperature = torch.zeros(m, dtype=torch.float32, device=dev)
         self.top_k = torch.full((m,), -1, **i64)
@@ -318,8 +293,8 @@ class BatchedEngine:
         self.loop_stats = LoopStats()
         self._active: list[_Active] = []
         self._group: tuple[str, int] | None = None
-        self._draft_stages: dict[tuple[int, int], _Stage] = {}  # (bucket, pending context width)
-        self._draft_logits: dict[tuple[int, int], torch.Tensor] = {}
+        self._draft_stages: dict[int, _Stage] = {}
+        self._draft_logits: dict[int, torch.Tensor] = {}
         self._programs: dict[tuple, dict[str, Any]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         if self.use_graphs:
@@ -353,9 +328,7 @@ class BatchedEngine:
                     log.info("round program %s budget %d bucket %d %s: %.2f s", method,
                              self._effective_budget(method, budget), bucket, variant[0], time.perf_counter() - t)
         t = time.perf_counter()
-        staged = [(method, budget) for method, budget in pairs  # unless every prompt is chunked
-                  if self.chunk_policy != "always" or not self._chunk_width(method, self._effective_budget(method, budget))]
-        for with_drafter in sorted({method != "ar" and self.drafter is not None for method, _ in staged}):
+        for with_drafter in sorted({method != "ar" and self.drafter is not None for method, _ in pairs}):
             for length in self.prefill_buckets:
                 with torch.no_grad():
                     self._prefill_program(length, with_drafter, row=len(self._active))
@@ -444,18 +417,10 @@ class BatchedEngine:
         row = len(self._active)
         entry = _Active(request=request, state=StopState(output_ids=[]),
                         append=self._appender(request), on_tokens=on_tokens, t_arrival=t_arrival)
-        chunk = self._chunk_width(method, self._effective_budget(method, budget))
-        if chunk and self.chunk_policy == "auto" and -(-(len(request.input_ids) - 1) // chunk) > row:
-            chunk = 0  # its chunks would take more rounds than the rows its forward stalls
         with torch.no_grad():
-            if chunk:
-                self._admit_chunked(row, request)
-            else:
-                self._prefill(row, request, with_drafter=method != "ar")
+            self._prefill(row, request, with_drafter=method != "ar")
         self._active.append(entry)
-        if chunk:  # the rounds prefill it; its first tokens come with its first decoding round
-            entry.prefill_rounds = -(-(len(request.input_ids) - 1) // chunk)
-        elif self.overlap:  # read with the next round's outputs: a read now would wait for the round in flight
+        if self.overlap:  # read with the next round's outputs: a read now would wait for the round in flight
             entry.first_slot = self._stage_first(row)
         else:
             entry.t_first = time.perf_counter()
@@ -564,11 +529,6 @@ class BatchedEngine:
             self._fail_all(ValueError("draft logits contain non-finite values (nan or inf)"))
             raise ValueError("draft logits contain non-finite values (nan or inf)")
         for row, entry in live:
-            if entry.prefill_rounds:  # a round of its prompt: nothing emitted, no acceptance to record
-                entry.prefill_rounds -= 1
-                continue
-            if not entry.t_first:
-                entry.t_first = time.perf_counter()
             k = counts[row][0]
             entry.rounds += 1
             entry.accept_lens.append(k - 1)
@@ -715,10 +675,7 @@ class BatchedEngine:
         if self._round_kernels:
             triton_round.retire_row(self._retire_moves, self.committed, self.bonus, self.pending_len, self.counter,
                                     self.coin_key, self.top_k, self.active_rows, self.temperature, self.top_p,
-                                    self.draft_scale, self.prefill_end, self.pending)
-            if self.chunked_prefill:  # the moved row's prompt, which it may still be prefilling
-                src, dst = self._retire_moves[0:1], self._retire_moves[1:2]
-                self.prompt_ids.index_copy_(0, dst, self.prompt_ids.index_select(0, src))
+                                    self.draft_scale, self.pending)
             return
         src, dst = self._retire_moves[0:1], self._retire_moves[1:2]
         for t in self._state_tensors():
@@ -727,7 +684,7 @@ class BatchedEngine:
 
     def _clear_rows(self, index: torch.Tensor) -> None:
         """The rows `index` ([R] int64, on the device) back to a free row's state (capture-safe)."""
-        for t in (self.committed, self.bonus, self.pending_len, self.counter, self.coin_key, self.prefill_end):
+        for t in (self.committed, self.bonus, self.pending_len, self.counter, self.coin_key):
             t.index_fill_(0, index, 0)
         self.active_rows.index_fill_(0, index, False)
         self.temperature.index_fill_(0, index, 0.0)
@@ -766,8 +723,7 @@ class BatchedEngine:
     def _state_tensors(self) -> list[torch.Tensor]:
         """Per-row state (moved with a row); the output buffers are rewritten every round."""
         return [self.committed, self.bonus, self.pending, self.pending_len, self.active_rows, self.temperature,
-                self.draft_scale, self.top_k, self.top_p, self.coin_key, self.counter, self.prefill_end,
-                self.prompt_ids]
+                self.draft_scale, self.top_k, self.top_p, self.coin_key, self.counter]
 
     def _reset_rows(self, rows: Iterable[int]) -> None:
         rows = list(rows)
@@ -781,10 +737,15 @@ class BatchedEngine:
         p = len(request.input_ids)
         with_drafter = with_drafter and self.drafter is not None
         length = next((x for x in self.prefill_buckets if x >= p), None)
+        seed = request.seed if request.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
         width = length if length is not None else p
         host = torch.zeros(width + ADMIT_FIELDS, dtype=torch.int64)  # tokens (padded), then the admission fields
         host[:p] = torch.tensor(request.input_ids, dtype=torch.int64)
-        host[width:] = self._admit_fields(row, request, last=p - 1, prefill_end=0)
+        host[width : width + 4] = torch.tensor([p - 1, row, int(request.top_k), request_key(seed)], dtype=torch.int64)
+        floats = host[width + 4 :].view(torch.float32)
+        floats[:3] = torch.tensor([request.temperature, request.top_p, 1.0])
+        if not self._raw_sampled_trees:  # in float32, then rounded to the model's dtype here (the device copies it)
+            floats[2] = tree_logit_scale(floats[0]).to(self.dtype).to(torch.float32)
         if length is not None:  # staged: padded to the bucket, one replay under graphs
             prog = self._prefill_program(length, with_drafter, row=row)
             self._copy_in(prog["inputs"], host)
@@ -794,7 +755,7 @@ class BatchedEngine:
             inputs = host.to(self.device)
             logits = self._prefill_forward(inputs[:p].unsqueeze(0), inputs[p : p + 1], self.target_cache,
                                            self.drafter_cache if with_drafter else None, slot=row)
-            self._admit_row(inputs[p:], logits[:, 0].argmax(dim=-1))
+            self._admit_row(inputs[p:], logits)
         if request.temperature == 0:
             return  # the argmax `_admit_row` wrote
         # a sampled first token: counter 0 of the row's coin key (the rounds use 1, 2, ...)
@@ -838,52 +799,20 @@ class BatchedEngine:
             self._first_events[slot].synchronize()
         return int(self._first_host[slot])
 
-    def _admit_fields(self, row: int, request: GenerationRequest, *, last: int, prefill_end: int) -> torch.Tensor:
-        """The admission fields [ADMIT_FIELDS] int64 of `request` into `row` (host tensor; `_admit_row` reads them)."""
-        seed = request.seed if request.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
-        fields = torch.zeros(ADMIT_FIELDS, dtype=torch.int64)
-        fields[:4] = torch.tensor([last, row, int(request.top_k), request_key(seed)], dtype=torch.int64)
-        fields[6] = prefill_end
-        floats = fields[4:6].view(torch.float32)
-        floats[:3] = torch.tensor([request.temperature, request.top_p, 1.0])
-        if not self._raw_sampled_trees:  # in float32, then rounded to the model's dtype here (the device copies it)
-            floats[2] = tree_logit_scale(floats[0]).to(self.dtype).to(torch.float32)
-        return fields
-
-    def _chunk_width(self, method: str, budget: int) -> int:
-        """Prompt tokens a round verifies for a row that prefills through the rounds (its columns, at most the pending
-        context's width); 0 where the staged prefill admits (`ar`, chunked prefill off)."""
-        if not self.chunked_prefill or method == "ar":
-            return 0
-        return min(self._columns(method, budget), self.pending_width)
-
-    def _admit_chunked(self, row: int, request: GenerationRequest) -> None:
-        """The chunked prefill's admission: the prompt into `prompt_ids[row]` and the row's state with nothing
-        committed, the first prompt token as its root and prefill_end at the last one (one host-to-device copy, a
-        copy and `_admit_row`); the rounds do the rest."""
-        p = len(request.input_ids)
-        host = torch.empty(ADMIT_FIELDS + p, dtype=torch.int64)
-        host[:ADMIT_FIELDS] = self._admit_fields(row, request, last=-1, prefill_end=p - 1)
-        host[ADMIT_FIELDS:] = torch.tensor(request.input_ids, dtype=torch.int64)
-        inputs = self._admit_inputs[: ADMIT_FIELDS + p]
-        self._copy_in(inputs, host)
-        self.prompt_ids[row, :p].copy_(inputs[ADMIT_FIELDS:])
-        self._admit_row(inputs[:ADMIT_FIELDS], inputs[ADMIT_FIELDS : ADMIT_FIELDS + 1])
-
-    def _admit_row(self, fields: torch.Tensor, pick: torch.Tensor) -> None:
+    def _admit_row(self, fields: torch.Tensor, logits: torch.Tensor) -> None:
         """Capture-safe: the admitted row's state from its admission fields, int64 [ADMIT_FIELDS] = (last prompt
         index, row, top_k, coin key (`request_key` of the seed, on the host), then float32 temperature, top_p and
-        draft scale, then prefill_end), and its root token pick [1] (the staged prefill's greedy first token, which a
-        sampled one replaces; the chunked prefill's first prompt token). On the device, so that admitting a request
-        costs no per-field host copies; on CUDA one launch (`triton_round.admit_row`) for the ~13 index writes below."""
+        draft scale), and the prompt's last logits [1, 1, V] (the greedy first token goes to `bonus`; a sampled one
+        replaces it). On the device, so that admitting a request costs no per-field host copies; on CUDA the argmax
+        and one launch (`triton_round.admit_row`) for the ~12 index writes below."""
         row = fields[1:2]
         floats = fields[4:6].view(torch.float32)  # [4]: temperature, top_p, draft scale, pad
+        pick = logits[:, 0].argmax(dim=-1)  # [1]
         if self._round_kernels:
             triton_round.admit_row(fields, floats, pick, self.committed, self.bonus, self.pending_len,
                                    self.active_rows, self.temperature, self.draft_scale, self.top_k, self.top_p,
-                                   self.coin_key, self.counter, self.prefill_end)
+                                   self.coin_key, self.counter)
             return
-        self.prefill_end.index_copy_(0, row, fields[6:7])
         self.committed.index_copy_(0, row, fields[0:1] + 1)
         self.bonus.index_copy_(0, row, pick)
         self.pending_len.index_fill_(0, row, 0)
@@ -936,7 +865,7 @@ class BatchedEngine:
             for cache, staging in pairs:
                 for whole, staged in ((cache.keys, staging.keys), (cache.values, staging.values)):
                     whole[:, :, :, :length].index_copy_(1, dst, staged[:, :, :, :length])
-            self._admit_row(inputs[length:], prog["logits"][:, 0].argmax(dim=-1))
+            self._admit_row(inputs[length:], prog["logits"])
 
         prog["stage"] = _Stage("prefill", prefill)
         self._capture(prog["stage"])
@@ -988,10 +917,6 @@ class BatchedEngine:
         b, dev = bucket, self.device
         n = self._columns(method, budget)
         depth = 0 if method == "ar" else self.block_size - 1
-        chunk = self._chunk_width(method, budget)
-        # prefilling rows (chunked prefill): their prompts, and the pending context the draft writes (its chunk)
-        chunks = (triton_round.PromptChunks(self.prompt_ids[:b], self.prefill_end[:b], chunk) if chunk else None)
-        context_width = max(chunk, self.block_size)
         prog: dict[str, Any] = {"bucket": b, "method": method, "budget": budget, "columns": n, "depth": depth,
                                 "walks": {}, "stage_names": {"draft": "draft", "build": "tree_build",
                                                              "compile": "tree_compile", "forward": "verify",
@@ -1000,14 +925,14 @@ class BatchedEngine:
         if method == "ar":
             prog["tree"] = _root_tree(b, dev)
         else:
-            head.append(self._draft_stage(b, context_width))
+            head.append(self._draft_stage(b))
             if self.use_graphs:  # a draft stage captured for another program: its output may hold scratch.
                 # Defensive: the replay keeps arbitrary bits from the Triton build kernels' warm-ups (the torch build
                 # makes a well-formed tree of any floats, NaN too)
                 self._refresh(head)
 
             def build() -> None:
-                draft_logits = self._draft_logits[(b, context_width)]  # the draft stage's (static, under graphs) output
+                draft_logits = self._draft_logits[b]  # the draft stage's (static, under graphs) output
                 if method == "ddtree":
                     prog["tree"], prog["bad"] = self._build_ddtree(draft_logits, budget)
                 else:
@@ -1028,8 +953,7 @@ class BatchedEngine:
             tree: DDTreeBuildResult = prog["tree"]
             committed = self.committed[:b]
             if self._round_kernels:  # one launch (triton_round.compile_tree) for the ~30 below
-                prog["tokens"], prog["positions"], mask, prog["prefilling"] = triton_round.compile_tree(
-                    tree, self.bonus[:b], committed, chunks)
+                prog["tokens"], prog["positions"], mask = triton_round.compile_tree(tree, self.bonus[:b], committed)
             else:
                 tokens = tree.token_ids.clone()
                 tokens[:, 0] = self.bonus[:b]
@@ -1037,9 +961,6 @@ class BatchedEngine:
                 prog["positions"] = committed.unsqueeze(1) + tree.depths  # [B, N]
                 # padding columns (parent -1) see only themselves
                 mask = fixed_mask if fixed_mask is not None else ancestor_mask(tree.parents)
-                if chunks is not None:
-                    prog["tokens"], prog["positions"], mask, prog["prefilling"] = chunk_inputs(
-                        prog["tokens"], prog["positions"], mask, committed, chunks)
             base = committed.clone()  # [B] the committed rows are the context; node j goes to row base + j
             prog["vis"] = Visibility(context_len=base, own_start=base, own_mask=mask)
 
@@ -1059,27 +980,23 @@ class BatchedEngine:
                           "bonus": torch.zeros(b, dtype=torch.int64, device=dev),
                           "expected": torch.zeros(b, dtype=torch.float32, device=dev),
                           "entropy": torch.zeros(b, dtype=torch.float32, device=dev)}
-        prog["commit"] = _Stage("commit", self._commit_fn(prog, chunks))
+        prog["commit"] = _Stage("commit", self._commit_fn(prog))
         return prog
 
-    def _draft_stage(self, b: int, context_width: int) -> _Stage:
-        """The draft of bucket b, writing `context_width` rows of each row's pending context (the block, or a
-        prefilling row's chunk)."""
-        key = (b, context_width)
-        stage = self._draft_stages.get(key)
+    def _draft_stage(self, b: int) -> _Stage:
+        stage = self._draft_stages.get(b)
         if stage is not None:
             return stage
         dev, block = self.device, self.block_size
         offsets = torch.arange(block, device=dev)
-        context_offsets = torch.arange(context_width, device=dev)
         block_ids = torch.full((b, block), self.drafter.mask_token_id, dtype=torch.int64, device=dev)
 
         def draft() -> None:
             committed, pending_len = self.committed[:b], self.pending_len[:b]
             # pending row j sits at position committed - pending_len + j; rows past pending_len land at or
             # beyond `committed`, where nothing is visible, and are overwritten by later rounds
-            ctx_positions = (committed - pending_len).unsqueeze(1) + context_offsets  # [B, W]
-            self.drafter.write_context(self.pending[:b, :context_width], ctx_positions, self.drafter_cache)
+            ctx_positions = (committed - pending_len).unsqueeze(1) + offsets  # [B, b]
+            self.drafter.write_context(self.pending[:b], ctx_positions, self.drafter_cache)
             block_ids[:, 0] = self.bonus[:b]
             embeds = torch.nn.functional.embedding(block_ids, self.target.embed)
             hidden = self.drafter.forward_block(embeds, committed.unsqueeze(1) + offsets, committed.clone(),
@@ -1087,9 +1004,9 @@ class BatchedEngine:
             hidden = hidden * self.draft_scale[:b].view(b, 1, 1)  # sampled rows' tree temperature (argmax unchanged)
             # logits of the whole block, the bonus row's dropped after: cuBLAS tiled the B x D rows of a Qwen3-8B
             # lm_head 16 at a time (8 weight passes: the draft took 4.4 ms at B = 8 on an H100, 1.5 ms this way)
-            self._draft_logits[key] = torch.nn.functional.linear(hidden, self.target.lm_head)[:, 1:]  # [B, D, V]
+            self._draft_logits[b] = torch.nn.functional.linear(hidden, self.target.lm_head)[:, 1:]  # [B, D, V]
 
-        stage = self._draft_stages[key] = _Stage("draft", draft)
+        stage = self._draft_stages[b] = _Stage("draft", draft)
         self._capture(stage)
         return stage
 
@@ -1173,14 +1090,11 @@ class BatchedEngine:
             t.copy_(s)
         return params
 
-    def _commit_fn(self, prog: dict[str, Any], chunks: triton_round.PromptChunks | None) -> Callable[[], None]:
+    def _commit_fn(self, prog: dict[str, Any]) -> Callable[[], None]:
         b, depth, method = prog["bucket"], prog["depth"], prog["method"]
         width = depth + 1
         result = prog["result"]
         offsets = torch.arange(width, device=self.device)
-        # a prefilling row's pending context is its whole chunk: feature columns 0 .. W - 1 (at most the tree's)
-        context_width = max(chunks.width, width) if chunks is not None else width
-        chunk_columns = torch.arange(context_width, device=self.device).clamp_max(prog["columns"] - 1)
 
         def commit_fn() -> None:
             tree: DDTreeBuildResult = prog["tree"]
@@ -1189,39 +1103,30 @@ class BatchedEngine:
                                bonus_token=result["bonus"], expected_accept_len=result["expected"])
             if method != "ar":  # the accepted rows' K/V and features, before `committed` moves
                 nodes = result["nodes"].clamp_min(0)  # [B, b]
-                columns = nodes
-                if chunks is not None:  # a prefilling row's chunk stays where the forward wrote it
-                    prefilling = prog["prefilling"].unsqueeze(1)
-                    nodes = torch.where(prefilling, offsets, nodes)
-                    columns = torch.where(prefilling, chunk_columns,
-                                          torch.nn.functional.pad(nodes, (0, context_width - width)))
                 base = committed.unsqueeze(1)
                 self.target_cache.move_rows(b, base + nodes, base + offsets)
                 feats = prog["features"]
-                picked = feats.gather(1, columns.unsqueeze(2).expand(b, context_width, feats.shape[2]))  # [B, W, k*H]
-                self.pending[:b, :context_width] = self.drafter.project(picked)
+                picked = feats.gather(1, nodes.unsqueeze(2).expand(b, width, feats.shape[2]))  # [B, b, k*H]
+                self.pending[:b] = self.drafter.project(picked)
             if self._round_kernels:  # the bookkeeping below in one launch
                 triton_round.commit_rows(
                     tree.token_ids, res, result["entropy"], self.active_rows[:b],
                     prog["bad"] if method != "ar" else None, committed, self.bonus[:b], self.counter[:b],
                     self.pending_len[:b] if method != "ar" else None, self.out_tokens[:b], self.out_counts[:b],
-                    self.out_expected[:b], chunks)
+                    self.out_expected[:b])
                 return
             done = commit(tree, res)
-            kept, emitted, bonus = done.num_kept, done.num_emitted, result["bonus"]
-            if chunks is not None:
-                kept, emitted, bonus = chunk_commit(committed, chunks, kept, emitted, bonus)
-            kept = torch.where(self.active_rows[:b], kept, torch.zeros_like(kept))  # [B], 0 on padding
+            kept = torch.where(self.active_rows[:b], done.num_kept, torch.zeros_like(done.num_kept))  # [B], 0 on padding
             if method != "ar":
                 self.pending_len[:b] = kept
                 self.out_counts[:b, 1] = prog["bad"].to(torch.int64) & self.active_rows[:b].to(torch.int64)
             else:
                 self.out_counts[:b, 1] = 0
             committed.add_(kept)
-            self.bonus[:b] = bonus
+            self.bonus[:b] = result["bonus"]
             self.counter[:b] += 1
             self.out_tokens[:b, :width] = done.emitted_tokens
-            self.out_counts[:b, 0] = emitted
+            self.out_counts[:b, 0] = done.num_emitted
             self.out_expected[:b, 0] = result["expected"]
             self.out_expected[:b, 1] = result["entropy"]
 
@@ -1229,43 +1134,6 @@ class BatchedEngine:
 
 
 # ---- pure pieces (capture-safe: no host synchronisation) ------------------------------------------------
-
-def chunk_inputs(tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, committed: torch.Tensor,
-                 chunks: triton_round.PromptChunks
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The verify inputs (tokens [B, N], positions [B, N], mask [B, N, N]) with each prefilling row's (committed <
-    prefill_end) replaced by its next prompt chunk: tokens prompt[committed + j] at positions committed + j for
-    j < min(width, prefill_end - committed), a causal mask over them, padding columns (token 0) seeing only
-    themselves. Returns them and prefilling [B] bool (`triton_round.compile_tree` with chunks, in torch)."""
-    batch, n = tokens.shape
-    end = chunks.prefill_end[:batch]
-    prefilling = committed < end  # [B]
-    cols = torch.arange(n, device=tokens.device)
-    in_chunk = cols < (end - committed).clamp(max=chunks.width).unsqueeze(1)  # [B, N]
-    index = (committed.unsqueeze(1) + cols).clamp(max=chunks.prompt_ids.shape[1] - 1)
-    prompt = chunks.prompt_ids[:batch].gather(1, index)
-    pre = prefilling.unsqueeze(1)
-    tokens = torch.where(pre, torch.where(in_chunk, prompt, 0), tokens)
-    positions = torch.where(pre, committed.unsqueeze(1) + cols, positions)
-    eye = torch.eye(n, dtype=torch.bool, device=tokens.device)
-    chain = (torch.ones((n, n), dtype=torch.bool, device=tokens.device).tril() & in_chunk.unsqueeze(2)) | eye
-    mask = torch.where(pre.unsqueeze(2), chain, mask)
-    return tokens, positions, mask, prefilling
-
-
-def chunk_commit(committed: torch.Tensor, chunks: triton_round.PromptChunks, kept: torch.Tensor,
-                 emitted: torch.Tensor, bonus: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A round's kept / emitted counts and next roots ([B] each) with prefilling rows' replaced: they keep their
-    chunk, emit nothing, and their next root is the prompt token after the chunk (`commit_rows` with chunks)."""
-    batch = committed.shape[0]
-    end = chunks.prefill_end[:batch]
-    prefilling = committed < end
-    chunk = (end - committed).clamp(max=chunks.width)
-    following = chunks.prompt_ids[:batch].gather(1, (committed + chunk).clamp(0, chunks.prompt_ids.shape[1] - 1)
-                                                 .unsqueeze(1)).squeeze(1)
-    return (torch.where(prefilling, chunk, kept), torch.where(prefilling, 0, emitted),
-            torch.where(prefilling, following, bonus))
-
 
 def _root_tree(batch: int, device: torch.device) -> DDTreeBuildResult:
     """The `ar` round's tree: the root alone."""

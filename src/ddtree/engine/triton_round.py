@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import torch
 
-from dataclasses import dataclass
-
 from ddtree.core.types import DDTreeBuildResult, VerifyResult
 
 try:
@@ -42,34 +40,22 @@ except ImportError:  # CPU-only installs: the engine keeps the torch stages
 HAS_TRITON = triton is not None
 
 
-@dataclass(frozen=True)
-class PromptChunks:
-    """The prompts that rows prefill through the round (`BatchedEngine`'s chunked prefill): a row is prefilling
-    while committed < prefill_end; its round then verifies prompt tokens [committed, committed + min(width,
-    prefill_end - committed)) as a causal chain, keeps them all, emits nothing, and its next root is the prompt
-    token that follows (the last prompt token, at prefill_end, is the root of its first decoding round)."""
-
-    prompt_ids: torch.Tensor  # [B, S] int64
-    prefill_end: torch.Tensor  # [B] int64: index of the prompt's last token (0 for rows not prefilling)
-    width: int  # tokens a chunk verifies at most (the round's columns)
-
-
 if triton is not None:
 
     @triton.jit
     def _compile_tree_kernel(tok_ptr, par_ptr, dep_ptr, bonus_ptr, committed_ptr, out_tok_ptr, out_pos_ptr,
-                             mask_ptr, prompt_ptr, prompt_stride, prefill_end_ptr, prefilling_ptr, CHUNK, N,
-                             ROWS: tl.constexpr, NP: tl.constexpr, CHUNKED: tl.constexpr):
+                             mask_ptr, N, ROWS: tl.constexpr, NP: tl.constexpr):
         b = tl.program_id(0)
         rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)  # [ROWS] nodes this program compiles
         cols = tl.arange(0, NP)
         live = rows < N
         base = b.to(tl.int64) * N
-        committed = tl.load(committed_ptr + b)
         tok = tl.load(tok_ptr + base + rows, mask=live, other=0)
         bonus = tl.load(bonus_ptr + b)
         tok = tl.where(rows == 0, bonus, tl.maximum(tok, 0))  # padding columns (-1) read token 0
-        pos = committed + tl.load(dep_ptr + base + rows, mask=live, other=0)
+        tl.store(out_tok_ptr + base + rows, tok, mask=live)
+        depth = tl.load(dep_ptr + base + rows, mask=live, other=0)
+        tl.store(out_pos_ptr + base + rows, tl.load(committed_ptr + b) + depth, mask=live)
         # ancestors: start at the node itself, then follow parents until every row has reached -1
         cur = tl.where(live, rows.to(tl.int64), -1)
         seen = cols[None, :] == cur[:, None]  # [ROWS, NP]
@@ -77,20 +63,6 @@ if triton is not None:
         while tl.max(cur, 0) >= 0:
             seen = seen | (cols[None, :] == cur[:, None])
             cur = tl.load(par_ptr + base + cur, mask=cur >= 0, other=-1)
-        if CHUNKED:  # a prefilling row verifies its next prompt chunk instead: a causal chain, then padding
-            end = tl.load(prefill_end_ptr + b)
-            pre = committed < end
-            in_chunk = rows < tl.minimum(end - committed, CHUNK)
-            prompt = tl.load(prompt_ptr + b.to(tl.int64) * prompt_stride + committed + rows,
-                             mask=live & in_chunk & pre, other=0)
-            tok = tl.where(pre, prompt, tok)
-            pos = tl.where(pre, committed + rows, pos)
-            chain = ((cols[None, :] <= rows[:, None]) & in_chunk[:, None]) | (cols[None, :] == rows[:, None])
-            seen = tl.where(pre, chain, seen)
-            if tl.program_id(1) == 0:
-                tl.store(prefilling_ptr + b, pre.to(tl.int8))
-        tl.store(out_tok_ptr + base + rows, tok, mask=live)
-        tl.store(out_pos_ptr + base + rows, pos, mask=live)
         out = mask_ptr + (base + rows[:, None]) * N + cols[None, :]
         tl.store(out, seen.to(tl.int8), mask=live[:, None] & (cols[None, :] < N))
 
@@ -122,32 +94,20 @@ if triton is not None:
     @triton.jit
     def _commit_rows_kernel(tok_ptr, nodes_ptr, len_ptr, pick_ptr, expected_ptr, entropy_ptr, active_ptr, bad_ptr,
                             committed_ptr, bonus_ptr, counter_ptr, pending_len_ptr, out_tok_ptr, out_cnt_ptr,
-                            out_exp_ptr, prompt_ptr, prompt_stride, prefill_end_ptr, CHUNK, N, W, OUT_W,
-                            HAS_DRAFT: tl.constexpr, WP: tl.constexpr, CHUNKED: tl.constexpr):
+                            out_exp_ptr, N, W, OUT_W, HAS_DRAFT: tl.constexpr, WP: tl.constexpr):
         b = tl.program_id(0)
         slots = tl.arange(0, WP)
         accept = tl.load(len_ptr + b)
         active = tl.load(active_ptr + b) != 0
-        committed = tl.load(committed_ptr + b)
         kept = accept + 1
-        pick = tl.load(pick_ptr + b)
-        root = pick  # the next round's root
-        emitted_count = kept
-        if CHUNKED:  # a prefilling row keeps its prompt chunk, emits nothing, and its next root is the next prompt token
-            end = tl.load(prefill_end_ptr + b)
-            pre = committed < end
-            chunk = tl.minimum(end - committed, CHUNK)
-            kept = tl.where(pre, chunk, kept)
-            emitted_count = tl.where(pre, 0, emitted_count)
-            root = tl.where(pre, tl.load(prompt_ptr + b.to(tl.int64) * prompt_stride + committed + chunk, mask=pre,
-                                         other=0), pick)
         kept_active = tl.where(active, kept, 0)
         # slot j < accept emits the token of accepted node j + 1, slot accept the bonus, later slots -1
         nxt = tl.load(nodes_ptr + b * W + slots + 1, mask=slots + 1 < W, other=-1)
         drafted = tl.load(tok_ptr + b.to(tl.int64) * N + tl.maximum(nxt, 0), mask=slots < W, other=-1)
+        pick = tl.load(pick_ptr + b)
         emitted = tl.where(slots < accept, drafted, tl.where(slots == accept, pick, -1))
         tl.store(out_tok_ptr + b * OUT_W + slots, emitted, mask=slots < W)
-        tl.store(out_cnt_ptr + b * 2, emitted_count)
+        tl.store(out_cnt_ptr + b * 2, kept)
         if HAS_DRAFT:
             bad = (tl.load(bad_ptr) != 0) & active
             tl.store(out_cnt_ptr + b * 2 + 1, bad.to(tl.int64))
@@ -156,8 +116,8 @@ if triton is not None:
             tl.store(out_cnt_ptr + b * 2 + 1, kept * 0)
         tl.store(out_exp_ptr + b * 2, tl.load(expected_ptr + b))
         tl.store(out_exp_ptr + b * 2 + 1, tl.load(entropy_ptr + b))
-        tl.store(committed_ptr + b, committed + kept_active)
-        tl.store(bonus_ptr + b, root)
+        tl.store(committed_ptr + b, tl.load(committed_ptr + b) + kept_active)
+        tl.store(bonus_ptr + b, pick)
         tl.store(counter_ptr + b, tl.load(counter_ptr + b) + 1)
 
 
@@ -165,10 +125,8 @@ if triton is not None:
 
     @triton.jit
     def _admit_row_kernel(fields_ptr, floats_ptr, pick_ptr, committed_ptr, bonus_ptr, pending_len_ptr, active_ptr,
-                          temperature_ptr, draft_scale_ptr, top_k_ptr, top_p_ptr, coin_key_ptr, counter_ptr,
-                          prefill_end_ptr):
+                          temperature_ptr, draft_scale_ptr, top_k_ptr, top_p_ptr, coin_key_ptr, counter_ptr):
         row = tl.load(fields_ptr + 1)
-        tl.store(prefill_end_ptr + row, tl.load(fields_ptr + 6))
         tl.store(committed_ptr + row, tl.load(fields_ptr) + 1)
         tl.store(bonus_ptr + row, tl.load(pick_ptr))
         tl.store(pending_len_ptr + row, row * 0)
@@ -183,8 +141,8 @@ if triton is not None:
 
     @triton.jit
     def _retire_row_kernel(moves_ptr, committed_ptr, bonus_ptr, pending_len_ptr, counter_ptr, coin_key_ptr,
-                           top_k_ptr, active_ptr, temperature_ptr, top_p_ptr, draft_scale_ptr, prefill_end_ptr,
-                           pending_ptr, PENDING: tl.constexpr, BLOCK: tl.constexpr):
+                           top_k_ptr, active_ptr, temperature_ptr, top_p_ptr, draft_scale_ptr, pending_ptr,
+                           PENDING: tl.constexpr, BLOCK: tl.constexpr):
         src = tl.load(moves_ptr)
         dst = tl.load(moves_ptr + 1)
         move = src != dst
@@ -200,9 +158,7 @@ if triton is not None:
             tl.store(temperature_ptr + dst, tl.load(temperature_ptr + src), mask=move)
             tl.store(top_p_ptr + dst, tl.load(top_p_ptr + src), mask=move)
             tl.store(draft_scale_ptr + dst, tl.load(draft_scale_ptr + src), mask=move)
-            tl.store(prefill_end_ptr + dst, tl.load(prefill_end_ptr + src), mask=move)
             zero = src * 0
-            tl.store(prefill_end_ptr + src, zero)
             tl.store(committed_ptr + src, zero)
             tl.store(bonus_ptr + src, zero)
             tl.store(pending_len_ptr + src, zero)
@@ -223,55 +179,49 @@ if triton is not None:
 def admit_row(fields: torch.Tensor, floats: torch.Tensor, pick: torch.Tensor, committed: torch.Tensor,
               bonus: torch.Tensor, pending_len: torch.Tensor, active: torch.Tensor, temperature: torch.Tensor,
               draft_scale: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, coin_key: torch.Tensor,
-              counter: torch.Tensor, prefill_end: torch.Tensor) -> None:
+              counter: torch.Tensor) -> None:
     """An admitted row's state in one launch: row fields[1] gets committed = fields[0] + 1, bonus = pick[0], pending
     length 0, active, top_k = fields[2], coin key = fields[3], counter 1, temperature / top_p / draft scale =
-    floats[0:3] (the scale a float32 of draft_scale's dtype: cast exactly), prefill_end = fields[6]. fields int64,
-    floats float32, pick [1] int64; the state tensors are the engine's [max_batch] rows (active bool)."""
+    floats[0:3] (the scale a float32 of draft_scale's dtype: cast exactly). fields int64, floats float32, pick [1]
+    int64; the state
+    tensors are the engine's [max_batch] rows (active bool)."""
     _admit_row_kernel[(1,)](fields, floats, pick, committed, bonus, pending_len, active.view(torch.int8),
-                            temperature, draft_scale, top_k, top_p, coin_key, counter, prefill_end, num_warps=1)
+                            temperature, draft_scale, top_k, top_p, coin_key, counter, num_warps=1)
 
 
 def retire_row(moves: torch.Tensor, committed: torch.Tensor, bonus: torch.Tensor, pending_len: torch.Tensor,
                counter: torch.Tensor, coin_key: torch.Tensor, top_k: torch.Tensor, active: torch.Tensor,
-               temperature: torch.Tensor, top_p: torch.Tensor, draft_scale: torch.Tensor, prefill_end: torch.Tensor,
+               temperature: torch.Tensor, top_p: torch.Tensor, draft_scale: torch.Tensor,
                pending: torch.Tensor) -> None:
     """moves [2] int64 = (src, dst): row dst takes row src's state (every tensor given; pending [max_batch, ...]
     whole rows), then row src is cleared to a free row's state (0, top_k -1, inactive, temperature 0, top_p and
-    draft scale 1, prefill_end 0; pending is left: nothing reads a free row's). src == dst only clears."""
+    draft scale 1; pending is left: nothing reads a free row's). src == dst only clears."""
     per_row = pending[0].numel()
     block = 1024
     _retire_row_kernel[(1 + triton.cdiv(per_row, block),)](
         moves, committed, bonus, pending_len, counter, coin_key, top_k, active.view(torch.int8), temperature, top_p,
-        draft_scale, prefill_end, pending, PENDING=per_row, BLOCK=block, num_warps=4,
+        draft_scale, pending, PENDING=per_row, BLOCK=block, num_warps=4,
     )
 
 
-def compile_tree(tree: DDTreeBuildResult, bonus: torch.Tensor, committed: torch.Tensor,
-                 chunks: PromptChunks | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(tokens [B, N] int64, positions [B, N] int64, ancestor mask [B, N, N] bool, prefilling [B] bool or None) of the
-    verify forward.
+def compile_tree(tree: DDTreeBuildResult, bonus: torch.Tensor, committed: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens [B, N] int64, positions [B, N] int64, ancestor mask [B, N, N] bool) of the verify forward.
 
     tree: [B, N] token ids (-1 at the root and on padding), parents (-1 at the root and on padding: padding
-    columns see only themselves), depths; bonus [B] (the root's token); committed [B] (the root's position).
-    With `chunks`, prefilling rows get their next prompt chunk instead (`PromptChunks`, `chunk_inputs`)."""
+    columns see only themselves), depths; bonus [B] (the root's token); committed [B] (the root's position)."""
     batch, cols = tree.token_ids.shape
     device = tree.token_ids.device
     tokens = torch.empty((batch, cols), dtype=torch.int64, device=device)
     positions = torch.empty_like(tokens)
     mask = torch.empty((batch, cols, cols), dtype=torch.bool, device=device)
-    prefilling = torch.zeros(batch, dtype=torch.bool, device=device) if chunks is not None else None
-    prompt = chunks.prompt_ids if chunks is not None else tokens  # pointers a launch without chunks never reads
     rows = 16
     _compile_tree_kernel[(batch, triton.cdiv(cols, rows))](
         tree.token_ids.contiguous(), tree.parents.contiguous(), tree.depths.contiguous(), bonus.contiguous(),
-        committed.contiguous(), tokens, positions, mask.view(torch.int8), prompt, prompt.stride(0),
-        chunks.prefill_end if chunks is not None else committed,
-        prefilling.view(torch.int8) if prefilling is not None else tokens, chunks.width if chunks is not None else 0,
-        cols, ROWS=rows, NP=max(16, triton.next_power_of_2(cols)), CHUNKED=chunks is not None, num_warps=4,
+        committed.contiguous(), tokens, positions, mask.view(torch.int8), cols, ROWS=rows,
+        NP=max(16, triton.next_power_of_2(cols)), num_warps=4,
     )
-    return tokens, positions, mask, prefilling
+    return tokens, positions, mask
 
 
 def greedy_walk(tree: DDTreeBuildResult, picks: torch.Tensor, max_depth: int) -> VerifyResult:
@@ -296,7 +246,7 @@ def greedy_walk(tree: DDTreeBuildResult, picks: torch.Tensor, max_depth: int) ->
 def commit_rows(token_ids: torch.Tensor, result: VerifyResult, entropy: torch.Tensor, active: torch.Tensor,
                 bad: torch.Tensor | None, committed: torch.Tensor, bonus: torch.Tensor, counter: torch.Tensor,
                 pending_len: torch.Tensor | None, out_tokens: torch.Tensor, out_counts: torch.Tensor,
-                out_expected: torch.Tensor, chunks: PromptChunks | None = None) -> None:
+                out_expected: torch.Tensor) -> None:
     """A round's bookkeeping after the walk, in place, in one launch: what `ddtree.core.verify.commit` and the
     engine's per-row updates do in ~20. Per row b (B = token_ids' rows): out_tokens[b, :D + 1] <- the accepted
     drafted tokens then the bonus, -1 padded; out_counts[b] <- (accept_len + 1, bad & active: non-finite draft
@@ -306,8 +256,7 @@ def commit_rows(token_ids: torch.Tensor, result: VerifyResult, entropy: torch.Te
 
     token_ids [B, N] (the tree's); result: the walk's (accepted_nodes [B, D + 1]); entropy [B] fp32; active [B]
     bool (the engine's `active_rows`); bad: a 0-dim bool; the rest the engine's per-row state ([B] int64) and
-    output buffers. With `chunks`, a prefilling row (`PromptChunks`) keeps its chunk instead: committed and
-    pending_len += / <- its length, emitted count 0, bonus <- the next prompt token (`chunk_commit`)."""
+    output buffers."""
     batch, cols = token_ids.shape
     width = result.accepted_nodes.shape[1]
     has_draft = bad is not None
@@ -317,8 +266,5 @@ def commit_rows(token_ids: torch.Tensor, result: VerifyResult, entropy: torch.Te
         result.bonus_token.contiguous(), result.expected_accept_len.contiguous(), entropy.contiguous(),
         active.view(torch.int8), bad.view(torch.int8) if has_draft else dummy,
         committed, bonus, counter, pending_len if has_draft else dummy, out_tokens, out_counts, out_expected,
-        chunks.prompt_ids if chunks is not None else dummy, chunks.prompt_ids.stride(0) if chunks is not None else 0,
-        chunks.prefill_end if chunks is not None else dummy, chunks.width if chunks is not None else 0,
-        cols, width, out_tokens.stride(0), HAS_DRAFT=has_draft, WP=max(16, triton.next_power_of_2(width)),
-        CHUNKED=chunks is not None, num_warps=1,
+        cols, width, out_tokens.stride(0), HAS_DRAFT=has_draft, WP=max(16, triton.next_power_of_2(width)), num_warps=1,
     )
