@@ -276,8 +276,8 @@ def test_a_walk_variant_first_met_while_serving_is_captured_on_fresh_inputs(tiny
     want = plain.generate_batch(sampled, method=method, budget=budget)
     assert [(o.output_ids, o.accept_lens) for o in got] == [(o.output_ids, o.accept_lens) for o in want]
     # programs the greedy batch captured took their sampled walk while serving (buckets both batches reached)
-    met = {key for key, p in engine._programs.items() if any(v[0] == "sample" for v in p["walks"])}
-    assert met & greedy_programs and all(len(engine._programs[key]["walks"]) == 2 for key in met & greedy_programs)
+    met = greedy_programs & {key for key, p in engine._programs.items() if any(v[0] == "sample" for v in p["walks"])}
+    assert met and all(len(engine._programs[key]["walks"]) == 2 for key in met)
 
 
 def test_the_ar_draw_is_the_root_only_walk():

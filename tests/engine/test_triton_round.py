@@ -183,7 +183,7 @@ def test_retire_row_equals_torch(dtype, src, dst):
 
 @pytest.mark.skipif(not triton_attention.HAS_TRITON or INTERPRET, reason="needs triton's compiler")
 @pytest.mark.parametrize("model_dtype", ["bf16", "fp32"])
-def test_state_kernels_compile_for_sm_90(model_dtype):
+def test_round_kernels_compile_for_sm_90(model_dtype):
     """The admission's, retirement's, compile's and commit's kernels compile for an H100 / H200 (sm_90) on any host:
     the interpreter runs their semantics on the CPU, this their code generation, before device time is spent."""
     import triton
